@@ -1,0 +1,33 @@
+# jetwake developer commands. `make demo` and `make test` do all the set-up they need.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-unit test-integration bench kafka-up kafka-down venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,spark,bench]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/word_count.py
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests -m "not integration"
+
+test-integration: $(STAMP)
+	$(PY) -m pytest tests -m integration
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

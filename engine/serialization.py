@@ -1,0 +1,161 @@
+"""msgpack serialization for items on the wire and in snapshots (DESIGN.md §3).
+
+Plain msgpack loses the difference between a tuple and a list, cannot carry sets, datetimes
+or user classes, and must never fall back to pickle for bytes from a peer. This module packs
+those types as msgpack extension types, so every process and host produces the same bytes for
+the same value (the partition hash depends on it) and decoding never runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any, Callable
+
+import msgpack
+
+__all__ = ["dumps", "loads", "register_type", "SerializationError"]
+
+_EXT_TUPLE = 1
+_EXT_SET = 2
+_EXT_FROZENSET = 3
+_EXT_DATETIME = 4
+_EXT_DATE = 5
+_EXT_BIGINT = 6
+_EXT_REGISTERED = 7
+_EXT_TIMEDELTA = 8
+
+# type id -> (cls, to_fn, from_fn) and cls -> type id, for classes the user registers
+_registered_by_id: dict[int, tuple[type, Callable[[Any], Any], Callable[[Any], Any]]] = {}
+_registered_by_cls: dict[type, int] = {}
+
+
+class SerializationError(TypeError):
+    """A value jetwake cannot serialize or bytes it cannot decode."""
+
+
+def register_type(type_id: int, cls: type, to_fn: Callable[[Any], Any],
+                  from_fn: Callable[[Any], Any]) -> None:
+    """Make instances of ``cls`` serializable.
+
+    ``to_fn(obj)`` returns a msgpack-able value and ``from_fn(value)`` rebuilds the object.
+    Every process that exchanges these objects must register the same id for the same class.
+    """
+    if not isinstance(type_id, int) or not 0 <= type_id < 2**16:
+        raise ValueError(f"register_type: type_id must be an int in [0, 65535], got {type_id!r}")
+    if not callable(to_fn) or not callable(from_fn):
+        raise TypeError("register_type: to_fn and from_fn must be callables")
+    known = _registered_by_id.get(type_id)
+    if known is not None and known[0] is not cls:
+        raise ValueError(
+            f"register_type: id {type_id} is already used by {known[0].__qualname__}; "
+            "pick another id")
+    _registered_by_id[type_id] = (cls, to_fn, from_fn)
+    _registered_by_cls[cls] = type_id
+
+
+def _default(obj: Any) -> Any:
+    # strict_types=True sends subclasses and tuples here, so that a tuple stays a tuple
+    if isinstance(obj, tuple):
+        return msgpack.ExtType(_EXT_TUPLE, _pack(list(obj)))
+    if isinstance(obj, bool):
+        return bool(obj)
+    if isinstance(obj, int):
+        if -(2**63) <= obj < 2**64:
+            return int(obj)
+        return msgpack.ExtType(_EXT_BIGINT, str(int(obj)).encode())
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    if isinstance(obj, frozenset):
+        return msgpack.ExtType(_EXT_FROZENSET, _pack(sorted_if_possible(obj)))
+    if isinstance(obj, set):
+        return msgpack.ExtType(_EXT_SET, _pack(sorted_if_possible(obj)))
+    if isinstance(obj, _dt.datetime):
+        return msgpack.ExtType(_EXT_DATETIME, obj.isoformat().encode())
+    if isinstance(obj, _dt.date):
+        return msgpack.ExtType(_EXT_DATE, obj.isoformat().encode())
+    if isinstance(obj, _dt.timedelta):
+        return msgpack.ExtType(
+            _EXT_TIMEDELTA, _pack([obj.days, obj.seconds, obj.microseconds]))
+    if isinstance(obj, dict):
+        return dict(obj)
+    if isinstance(obj, list):
+        return list(obj)
+    type_id = _registered_by_cls.get(type(obj))
+    if type_id is not None:
+        _, to_fn, _ = _registered_by_id[type_id]
+        return msgpack.ExtType(_EXT_REGISTERED, _pack([type_id, to_fn(obj)]))
+    raise SerializationError(
+        f"cannot serialize {type(obj).__qualname__} ({_short(obj)}): use msgpack-able values "
+        "(None, bool, int, float, str, bytes, list, tuple, dict, set, datetime) or call "
+        "jetwake.register_type() for this class")
+
+
+def sorted_if_possible(values: Any) -> list:
+    """Sets are packed in sorted order when their elements allow it, for stable bytes."""
+    try:
+        return sorted(values)
+    except TypeError:
+        return list(values)
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _EXT_TUPLE:
+        return tuple(_unpack(data))
+    if code == _EXT_SET:
+        return set(_unpack(data))
+    if code == _EXT_FROZENSET:
+        return frozenset(_unpack(data))
+    if code == _EXT_DATETIME:
+        return _dt.datetime.fromisoformat(data.decode())
+    if code == _EXT_DATE:
+        return _dt.date.fromisoformat(data.decode())
+    if code == _EXT_TIMEDELTA:
+        days, seconds, micros = _unpack(data)
+        return _dt.timedelta(days=days, seconds=seconds, microseconds=micros)
+    if code == _EXT_BIGINT:
+        return int(data.decode())
+    if code == _EXT_REGISTERED:
+        type_id, payload = _unpack(data)
+        entry = _registered_by_id.get(type_id)
+        if entry is None:
+            raise SerializationError(
+                f"received a registered type id {type_id} that this process does not know: "
+                "call jetwake.register_type() with the same id in every process")
+        return entry[2](payload)
+    return msgpack.ExtType(code, data)
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True)
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False,
+                           use_list=True)
+
+
+def dumps(obj: Any) -> bytes:
+    """Serialize ``obj`` to bytes; the same value gives the same bytes in every process."""
+    try:
+        return _pack(obj)
+    except SerializationError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:
+        raise SerializationError(f"cannot serialize {_short(obj)}: {e}") from e
+
+
+def loads(data: bytes) -> Any:
+    """Decode bytes made by :func:`dumps`. Never executes code from the data."""
+    try:
+        return _unpack(data)
+    except SerializationError:
+        raise
+    except Exception as e:  # msgpack raises several unrelated types for bad input
+        raise SerializationError(f"cannot decode {len(data)} bytes: {e}") from e
+
+
+def _short(obj: Any, limit: int = 80) -> str:
+    text = repr(obj)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
