@@ -1,0 +1,85 @@
+"""Sinks: the catalogue of pipeline sinks (Jet's ``Sinks``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from ..engine.meta_supplier import ProcessorMetaSupplier
+from ..engine.pipeline.connector import Sink
+from .files import FileSinkProcessor
+from .lists import ListSinkProcessor
+from .logger import LoggerSinkProcessor
+from .maps import MapSinkProcessor
+
+__all__ = ["Sinks"]
+
+
+def _check_name(name: Any, where: str) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{where} needs a non-empty name, got {name!r}")
+    return name
+
+
+def _check_fn(fn: Any, where: str) -> None:
+    if fn is not None and not callable(fn):
+        raise TypeError(f"{where} must be a callable, got {type(fn).__qualname__}")
+
+
+class Sinks:
+    """Factories of pipeline sinks."""
+
+    @staticmethod
+    def map(name: str, key_fn: Callable[[Any], Any] | None = None,
+            value_fn: Callable[[Any], Any] | None = None) -> Sink:
+        """Puts each (key, value) item into the member's map ``name`` (idempotent).
+
+        With ``key_fn`` and ``value_fn``, puts ``key_fn(item) -> value_fn(item)`` instead.
+        """
+        _check_name(name, "Sinks.map()")
+        _check_fn(key_fn, "Sinks.map() key_fn")
+        _check_fn(value_fn, "Sinks.map() value_fn")
+        if (key_fn is None) != (value_fn is None):
+            raise ValueError("Sinks.map(): pass both key_fn and value_fn, or neither")
+        return Sink(f"map-sink-{name}", ProcessorMetaSupplier.of(
+            lambda: MapSinkProcessor(name, key_fn, value_fn)))
+
+    @staticmethod
+    def map_with_merging(name: str, merge_fn: Callable[[Any, Any], Any],
+                         key_fn: Callable[[Any], Any] | None = None,
+                         value_fn: Callable[[Any], Any] | None = None) -> Sink:
+        """Like :meth:`map`, but stores ``merge_fn(old, new)`` when the key exists (a None
+        result removes the key)."""
+        _check_name(name, "Sinks.map_with_merging()")
+        if not callable(merge_fn):
+            raise TypeError("Sinks.map_with_merging() needs a callable merge_fn(old, new)")
+        _check_fn(key_fn, "Sinks.map_with_merging() key_fn")
+        _check_fn(value_fn, "Sinks.map_with_merging() value_fn")
+        if (key_fn is None) != (value_fn is None):
+            raise ValueError("Sinks.map_with_merging(): pass both key_fn and value_fn, or "
+                             "neither")
+        # one writer per key, so a read-merge-write is never interleaved with another
+        key = key_fn or (lambda e: e[0])
+        return Sink(f"map-sink-{name}", ProcessorMetaSupplier.of(
+            lambda: MapSinkProcessor(name, key_fn, value_fn, merge_fn)), partition_key_fn=key)
+
+    @staticmethod
+    def list(name: str) -> Sink:
+        """Appends every item to the member's list ``name``, in arrival order."""
+        _check_name(name, "Sinks.list()")
+        return Sink(f"list-sink-{name}",
+                    ProcessorMetaSupplier.of(lambda: ListSinkProcessor(name), 1))
+
+    @staticmethod
+    def files(directory: str, encoding: str = "utf-8") -> Sink:
+        """Writes ``str(item)`` lines, one file per processor, into ``directory``."""
+        _check_name(directory, "Sinks.files()")
+        return Sink("file-sink", ProcessorMetaSupplier.of(
+            lambda: FileSinkProcessor(directory, encoding)))
+
+    @staticmethod
+    def logger(to_string: Callable[[Any], str] = str, level: int = logging.INFO) -> Sink:
+        """Logs every item on the ``jetwake.sink.logger`` logger."""
+        _check_fn(to_string, "Sinks.logger() to_string")
+        return Sink("logger-sink", ProcessorMetaSupplier.of(
+            lambda: LoggerSinkProcessor(to_string, level), 1))

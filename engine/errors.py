@@ -1,0 +1,32 @@
+"""Exceptions of the public API."""
+
+from __future__ import annotations
+
+__all__ = ["JetwakeError", "JobNotFoundError", "JobCancelledError", "JobStateError",
+           "SnapshotNotFoundError"]
+
+
+class JetwakeError(Exception):
+    """Base of jetwake's own errors."""
+
+
+class JobNotFoundError(JetwakeError, KeyError):
+    """No job with that name or id."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "job not found"
+
+
+class JobCancelledError(JetwakeError):
+    """The job was cancelled; ``join()`` raises it."""
+
+
+class JobStateError(JetwakeError):
+    """The operation is not possible in the job's current state."""
+
+
+class SnapshotNotFoundError(JetwakeError, KeyError):
+    """No exported snapshot with that name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "snapshot not found"

@@ -1,0 +1,117 @@
+"""One output ordinal of a processor: routes chunks to the queues of downstream processors.
+
+Routing works on whole chunks: unicast hands a chunk to one queue with room, partitioned splits
+a chunk by the owner of each item's key partition, broadcast copies the chunk reference to every
+queue. Control items (watermarks, barriers, DONE) go to every queue. What a full queue refuses
+stays pending here and is retried before anything new is taken from the outbox.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from ..dag import RoutingPolicy
+from ..partitioning import partition_of
+from .conveyor import ChunkQueue
+
+__all__ = ["OutboundEdgeStream"]
+
+
+class OutboundEdgeStream:
+    __slots__ = ("ordinal", "targets", "routing", "key_fn", "table", "_pending", "_rr",
+                 "_single", "transform")
+
+    def __init__(self, ordinal: int, targets: Sequence[ChunkQueue], routing: RoutingPolicy,
+                 key_fn: Callable[[Any], Any] | None = None,
+                 partition_table: Sequence[int] | None = None,
+                 transform: Callable[[list], list] | None = None) -> None:
+        """``partition_table`` maps a partition to an index into ``targets``; ``transform`` is
+        the edge's fused stateless stages, applied to each chunk before routing."""
+        self.ordinal = ordinal
+        self.targets = list(targets)
+        self.routing = routing
+        self.key_fn = key_fn
+        self.table = partition_table
+        self._pending: list[tuple[ChunkQueue, Any]] = []
+        self._rr = 0
+        self._single = len(self.targets) == 1
+        self.transform = transform
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def flush_pending(self) -> bool:
+        """Retries what queues refused; True when nothing is pending."""
+        if self._pending:
+            self._pending = [(q, e) for q, e in self._pending if not q.offer(e)]
+        return not self._pending
+
+    def send(self, entry: Any) -> bool:
+        """Routes one chunk or control item; True when every target queue accepted it."""
+        if type(entry) is not list:
+            return self._to_all(entry)
+        if self.transform is not None:
+            entry = self.transform(entry)
+            if not entry:
+                return True
+        if self._single:
+            q = self.targets[0]
+            if not q.offer(entry):
+                self._pending.append((q, entry))
+                return False
+            return True
+        routing = self.routing
+        if routing is RoutingPolicy.UNICAST or routing is RoutingPolicy.ISOLATED:
+            return self._unicast(entry)
+        if routing is RoutingPolicy.PARTITIONED:
+            return self._partitioned(entry)
+        if routing is RoutingPolicy.BROADCAST:
+            return self._to_all(entry)
+        # ALL_TO_ONE: the table has one entry, the chosen target
+        q = self.targets[self.table[0]]  # type: ignore[index]
+        if not q.offer(entry):
+            self._pending.append((q, entry))
+            return False
+        return True
+
+    def _unicast(self, chunk: list) -> bool:
+        targets = self.targets
+        n = len(targets)
+        start = self._rr
+        for k in range(n):
+            q = targets[(start + k) % n]
+            if q.offer(chunk):
+                self._rr = (start + k + 1) % n
+                return True
+        self._pending.append((targets[start], chunk))
+        self._rr = (start + 1) % n
+        return False
+
+    def _partitioned(self, chunk: list) -> bool:
+        table = self.table
+        key_fn = self.key_fn
+        parts: dict[int, list] = {}
+        for item in chunk:
+            t = table[partition_of(key_fn(item))]  # type: ignore[index, misc]
+            bucket = parts.get(t)
+            if bucket is None:
+                parts[t] = [item]
+            else:
+                bucket.append(item)
+        ok = True
+        targets = self.targets
+        for t, items in parts.items():
+            q = targets[t]
+            if not q.offer(items):
+                self._pending.append((q, items))
+                ok = False
+        return ok
+
+    def _to_all(self, entry: Any) -> bool:
+        ok = True
+        for q in self.targets:
+            if not q.offer(entry):
+                self._pending.append((q, entry))
+                ok = False
+        return ok

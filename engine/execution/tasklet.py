@@ -1,0 +1,245 @@
+"""ProcessorTasklet: drives one processor cooperatively (seed 000 "ProcessorTasklet").
+
+Each ``call()`` does a bounded slice of work and reports NO_PROGRESS, MADE_PROGRESS or DONE:
+it moves the outbox into downstream queues, lets the processor handle its inbox, delivers
+coalesced watermarks, takes part in snapshots, drains input queues (lower priority numbers
+first), and at the end completes the processor and sends DONE downstream.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..items import DONE, SnapshotBarrier, Watermark
+from ..processor import Inbox, Outbox, Processor, ProcessorContext
+from .inbound import InboundEdgeStream
+from .outbound import OutboundEdgeStream
+from .watermark_coalescer import WatermarkCoalescer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..snapshot_context import SnapshotContext
+
+__all__ = ["ProcessorTasklet", "NO_PROGRESS", "MADE_PROGRESS", "DONE_STATE"]
+
+NO_PROGRESS, MADE_PROGRESS, DONE_STATE = 0, 1, 2
+
+_PROCESS, _SAVE_SNAPSHOT, _COMPLETE, _EMIT_DONE, _END = range(5)
+
+DRAIN_LIMIT = 8192  # items moved into the inbox per call: bounds a call to about a millisecond
+
+
+class ProcessorTasklet:
+    def __init__(self, processor: Processor, context: ProcessorContext,
+                 inbound: list[InboundEdgeStream], outbound: list[OutboundEdgeStream],
+                 coalescer: WatermarkCoalescer, outbox_capacity: int = 4096,
+                 snapshot: "SnapshotContext | None" = None) -> None:
+        self.processor = processor
+        self.context = context
+        self.name = f"{context.vertex_name}#{context.global_processor_index}"
+        self.outbound = outbound
+        self.outbox = Outbox(len(outbound), outbox_capacity)
+        self.coalescer = coalescer
+        self.snapshot = snapshot
+        self.is_cooperative = True
+        priorities = sorted({s.priority for s in inbound})
+        self._groups = [[s for s in inbound if s.priority == p] for p in priorities]
+        self._group = 0
+        self._stream_rr = 0
+        self._inbox = Inbox()
+        self._inbox_ordinal = 0
+        self._pending_wm: int | None = None
+        self._pending_complete_edge: list[int] = []
+        self._completed_streams: set[int] = set()
+        self._state = _PROCESS if inbound else _COMPLETE
+        self._last_snapshot_id = snapshot.restored_snapshot_id if snapshot else -1
+        self._last_phase2_id = self._last_snapshot_id
+        self._saving_id = -1
+        self._closed = False
+        self.items_in = 0
+        self.items_out = 0
+        # set by the execution service's scheduler
+        self.steal_to = None
+        self.execution = None
+
+    def init(self) -> None:
+        self.processor.outbox = self.outbox
+        self.processor.init(self.context)
+        self.is_cooperative = bool(self.processor.is_cooperative())
+
+    # --- the cooperative step ------------------------------------------------------------
+
+    def call(self) -> int:
+        added_before = self.outbox.added
+        moved = self._flush_outbox()
+        if self.snapshot is not None and self.snapshot.phase2_id > self._last_phase2_id:
+            self._do_phase2()
+        state = self._state
+        if state == _PROCESS:
+            progress = self._process()
+        elif state == _COMPLETE:
+            progress = self._complete()
+        elif state == _SAVE_SNAPSHOT:
+            progress = self._save_snapshot()
+        elif state == _EMIT_DONE:
+            self.outbox.offer_control(DONE)
+            self._state = _END
+            self._flush_outbox()
+            progress = True
+        else:  # _END: wait until DONE and everything before it left the outbox
+            if self._outbox_drained():
+                self.close()
+                return DONE_STATE
+            progress = False
+        if moved or progress or self.outbox.added != added_before:
+            return MADE_PROGRESS
+        return NO_PROGRESS
+
+    def _process(self) -> bool:
+        inbox = self._inbox
+        proc = self.processor
+        if inbox:
+            before = len(inbox)
+            proc.process(self._inbox_ordinal, inbox)
+            if inbox:
+                return len(inbox) != before
+        progress = False
+        if self._pending_wm is not None:
+            if not proc.try_process_watermark(Watermark(self._pending_wm)):
+                return False
+            self._pending_wm = None
+            progress = True
+        while self._pending_complete_edge:
+            if not proc.complete_edge(self._pending_complete_edge[0]):
+                return progress
+            self._pending_complete_edge.pop(0)
+            progress = True
+        if self._barrier_ready():
+            self._saving_id = self._last_snapshot_id + 1
+            self._state = _SAVE_SNAPSHOT
+            return True
+        if self._group >= len(self._groups):
+            self._state = _COMPLETE
+            return True
+        if not proc.try_process():
+            return progress
+        return self._drain() or progress
+
+    def _drain(self) -> bool:
+        group = self._groups[self._group]
+        n = len(group)
+        progress = False
+        for k in range(n):
+            stream = group[(self._stream_rr + k) % n]
+            if stream.is_done:
+                continue
+            items: list = []
+            moved, wm = stream.drain(items, DRAIN_LIMIT)
+            if wm is not None:
+                self._pending_wm = wm
+            if stream.is_done and stream.ordinal not in self._completed_streams:
+                self._completed_streams.add(stream.ordinal)
+                self._pending_complete_edge.append(stream.ordinal)
+            if moved:
+                progress = True
+            if items:
+                self._stream_rr = (self._stream_rr + k + 1) % n
+                self.items_in += len(items)
+                self._inbox._fill(items)
+                self._inbox_ordinal = stream.ordinal
+                self.processor.process(stream.ordinal, self._inbox)
+                return True
+        if all(s.is_done for s in group):
+            self._group += 1
+            progress = True
+        return progress
+
+    def _barrier_ready(self) -> bool:
+        snap = self.snapshot
+        if snap is None or not self._groups:
+            return False
+        sid = self._last_snapshot_id + 1
+        if snap.requested_id < sid:
+            return False
+        streams = [s for g in self._groups for s in g]
+        if all(s.is_done for s in streams):
+            return False
+        return all(s.has_barrier(sid) for s in streams)
+
+    def _complete(self) -> bool:
+        snap = self.snapshot
+        if snap is not None and not self._groups and snap.requested_id > self._last_snapshot_id:
+            # a source takes part in a snapshot between two calls of complete()
+            self._saving_id = self._last_snapshot_id + 1
+            self._state = _SAVE_SNAPSHOT
+            return True
+        if self.processor.complete():
+            self._state = _EMIT_DONE
+            return True
+        return False
+
+    def _save_snapshot(self) -> bool:
+        proc = self.processor
+        done = proc.save_to_snapshot()
+        entries = self.outbox._take_snapshot()
+        snap = self.snapshot
+        if entries:
+            snap.store(self, self._saving_id, entries)  # type: ignore[union-attr]
+        if not done:
+            return bool(entries)
+        if not proc.snapshot_commit_prepare():
+            return bool(entries)
+        sid = self._saving_id
+        barrier = SnapshotBarrier(sid, snap.is_terminal)  # type: ignore[union-attr]
+        self.outbox.offer_control(barrier)
+        self._last_snapshot_id = sid
+        for group in self._groups:
+            for stream in group:
+                stream.unblock()
+        snap.phase1_done(self, sid)  # type: ignore[union-attr]
+        self._state = _PROCESS if self._groups else _COMPLETE
+        return True
+
+    def _do_phase2(self) -> None:
+        snap = self.snapshot
+        sid = snap.phase2_id  # type: ignore[union-attr]
+        if sid > self._last_snapshot_id:
+            return  # this processor has not done phase 1 of that snapshot
+        if self.processor.snapshot_commit_finish(snap.phase2_success):  # type: ignore[union-attr]
+            self._last_phase2_id = sid
+            snap.phase2_done(self, sid)  # type: ignore[union-attr]
+
+    # --- outbox to queues -------------------------------------------------------------------
+
+    def _flush_outbox(self) -> bool:
+        moved = False
+        outbox = self.outbox
+        for stream in self.outbound:
+            if stream.has_pending and not stream.flush_pending():
+                continue
+            entries = outbox._take(stream.ordinal)
+            if not entries:
+                continue
+            moved = True
+            for i, entry in enumerate(entries):
+                if type(entry) is list:
+                    self.items_out += len(entry)
+                if not stream.send(entry):
+                    outbox._put_back(stream.ordinal, entries[i + 1:])
+                    break
+        return moved
+
+    def _outbox_drained(self) -> bool:
+        self._flush_outbox()
+        return self.outbox.is_empty() and not any(s.has_pending for s in self.outbound)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.processor.close()
+
+    @property
+    def is_done(self) -> bool:
+        return self._state == _END and self._closed
+
+    def __repr__(self) -> str:
+        return f"ProcessorTasklet({self.name})"

@@ -1,0 +1,60 @@
+"""JobConfig: how a job runs (name, guarantee, snapshots, restarts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["JobConfig", "PROCESSING_GUARANTEES"]
+
+PROCESSING_GUARANTEES = ("none", "at_least_once", "exactly_once")
+
+
+@dataclass
+class JobConfig:
+    """Settings of one job; checked when created.
+
+    ``processing_guarantee``: "none", "at_least_once" or "exactly_once".
+    ``snapshot_interval_ms``: time from the end of one snapshot to the start of the next.
+    ``initial_snapshot_name``: start from this exported snapshot.
+    ``suspend_on_failure``: suspend (keeping the snapshot) instead of failing.
+    ``local_parallelism``: default processors per vertex on each member (-1: the member's).
+    ``state_backend``: "memory" or "rocksdb" for keyed state (rocksdb needs a data directory).
+    """
+
+    name: str | None = None
+    processing_guarantee: str = "none"
+    snapshot_interval_ms: int = 10_000
+    initial_snapshot_name: str | None = None
+    suspend_on_failure: bool = False
+    local_parallelism: int = -1
+    state_backend: str = "memory"
+    state_cache_bytes: int = 64 * 2**20
+    auto_scaling: bool = True
+    arguments: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
+            raise ValueError(f"JobConfig.name must be a non-empty string or None, "
+                             f"got {self.name!r}")
+        if self.processing_guarantee not in PROCESSING_GUARANTEES:
+            raise ValueError(
+                f"JobConfig.processing_guarantee must be one of {', '.join(PROCESSING_GUARANTEES)}"
+                f", got {self.processing_guarantee!r}")
+        if not isinstance(self.snapshot_interval_ms, int) or self.snapshot_interval_ms < 1:
+            raise ValueError(f"JobConfig.snapshot_interval_ms must be a positive int (ms), "
+                             f"got {self.snapshot_interval_ms!r}")
+        if self.initial_snapshot_name is not None and (
+                not isinstance(self.initial_snapshot_name, str) or not self.initial_snapshot_name):
+            raise ValueError("JobConfig.initial_snapshot_name must be a snapshot name or None, "
+                             f"got {self.initial_snapshot_name!r}")
+        if not isinstance(self.local_parallelism, int) or (
+                self.local_parallelism < 1 and self.local_parallelism != -1):
+            raise ValueError("JobConfig.local_parallelism must be a positive int or -1, "
+                             f"got {self.local_parallelism!r}")
+        if self.state_backend not in ("memory", "rocksdb"):
+            raise ValueError("JobConfig.state_backend must be 'memory' or 'rocksdb', "
+                             f"got {self.state_backend!r}")
+
+    @property
+    def snapshots_enabled(self) -> bool:
+        return self.processing_guarantee != "none"

@@ -1,0 +1,53 @@
+"""What a source or sink gives the pipeline: a name and the processors that do the work.
+
+Connectors (``jetwake.connectors``) build these; the planner only sees this contract, so the
+engine never imports a concrete connector.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..meta_supplier import ProcessorMetaSupplier, as_meta_supplier
+
+__all__ = ["Source", "Sink"]
+
+
+class Source:
+    """A pipeline source.
+
+    ``is_stream``: unbounded (a streaming job) or bounded (a batch that completes).
+    ``timestamp_fn``: for sources whose items carry an event time (``with_native_timestamps``),
+    how to read it from an emitted item.
+    """
+
+    def __init__(self, name: str, processor: Any, *, is_stream: bool = False,
+                 timestamp_fn: Callable[[Any], int] | None = None) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a source needs a non-empty name, got {name!r}")
+        self.name = name
+        self.meta_supplier: ProcessorMetaSupplier = as_meta_supplier(processor, f"source {name}")
+        self.is_stream = is_stream
+        self.timestamp_fn = timestamp_fn
+
+    def __repr__(self) -> str:
+        return f"Source({self.name!r}{', stream' if self.is_stream else ''})"
+
+
+class Sink:
+    """A pipeline sink.
+
+    ``partition_key_fn``: when set, items reach the sink processor owning the key's partition
+    (a sink keeping per-key order or per-key state needs it).
+    """
+
+    def __init__(self, name: str, processor: Any, *,
+                 partition_key_fn: Callable[[Any], Any] | None = None) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a sink needs a non-empty name, got {name!r}")
+        self.name = name
+        self.meta_supplier: ProcessorMetaSupplier = as_meta_supplier(processor, f"sink {name}")
+        self.partition_key_fn = partition_key_fn
+
+    def __repr__(self) -> str:
+        return f"Sink({self.name!r})"
