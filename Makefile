@@ -31,3 +31,10 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# A real Kafka broker (KRaft, no Docker) on 127.0.0.1:$KAFKA_PORT (default 9092); see docs/kafka-broker.md
+kafka-up: $(STAMP)
+	$(PY) docker/local-kafka/kafka_local.py up
+
+kafka-down: $(STAMP)
+	$(PY) docker/local-kafka/kafka_local.py down

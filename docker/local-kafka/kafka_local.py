@@ -1,0 +1,574 @@
+#!/usr/bin/env python3
+"""Run a real Apache Kafka broker (KRaft mode, no ZooKeeper, no Docker) on loopback.
+
+    kafka_local.py up     [--port P] [--nodes N]   start (no-op if one already answers on P)
+    kafka_local.py down   [--port P]               stop what `up` started on P, delete its data
+    kafka_local.py status [--port P]
+
+The port defaults to $KAFKA_PORT, else 9092. The broker jars are fetched on first use with
+Maven (docker/local-kafka/pom.xml -> .cache/kafka/lib/) and run with the local `java`.
+Everything a broker writes lives in .cache/kafka/run-<port>/ (data, server properties,
+broker log, pid file); `down` removes that directory.
+
+With --nodes 3 three processes are started, each a combined broker+controller, with client
+listeners on P, P+1, P+2 and a three-voter controller quorum on other free ports.
+
+The functions start_broker(), stop_broker(), broker_ready() and broker_status() are the
+importable API (used by tests/kafka_broker.py). Only the standard library is used, except
+confluent_kafka for the Admin-API readiness check, which is imported lazily.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+POM = HERE / "pom.xml"
+CACHE = REPO_ROOT / ".cache" / "kafka"
+LIB = CACHE / "lib"
+FETCH_STAMP = LIB / ".fetched"  # holds the sha256 of the pom the jars were fetched with
+
+HOST = "127.0.0.1"
+DEFAULT_PORT = 9092
+READY_TIMEOUT = 90.0
+STOP_TIMEOUT = 20.0
+# Same variable names as Kafka's own bin/ scripts. The defaults favour start-up time and a
+# small footprint on a laptop/CI box over peak throughput: C1-only JIT and the serial GC start
+# a broker about a third faster on 2 cores than the JVM defaults.
+HEAP = os.environ.get("KAFKA_HEAP_OPTS", "-Xms64m -Xmx512m")
+JVM_OPTS = os.environ.get("KAFKA_JVM_PERFORMANCE_OPTS",
+                          "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
+
+
+class KafkaLocalError(RuntimeError):
+    """Raised for every failure a caller should report (fetch, format, start, readiness)."""
+
+
+def _log(msg: str) -> None:
+    print(f"[kafka-local] {msg}", file=sys.stderr, flush=True)
+
+
+def default_port() -> int:
+    return int(os.environ.get("KAFKA_PORT") or DEFAULT_PORT)
+
+
+def run_dir(port: int) -> Path:
+    return CACHE / f"run-{port}"
+
+
+def bootstrap_for(port: int, nodes: int = 1) -> str:
+    return ",".join(f"{HOST}:{port + i}" for i in range(nodes))
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """Exclusive inter-process lock (two `up`s or pytest workers racing on one port / fetch)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------------------------
+# ports
+# --------------------------------------------------------------------------------------------
+
+def port_in_use(port: int, host: str = HOST) -> bool:
+    """True when something accepts TCP connections on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def _can_bind(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(count: int = 1, avoid: set[int] | None = None) -> int:
+    """A loopback port P such that P .. P+count-1 are all currently free."""
+    avoid = avoid or set()
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            base = s.getsockname()[1]
+        span = range(base, base + count)
+        if base + count < 65536 and not (avoid & set(span)) and all(_can_bind(p) for p in span):
+            return base
+    raise KafkaLocalError(f"could not find {count} consecutive free loopback port(s)")
+
+
+# --------------------------------------------------------------------------------------------
+# jars
+# --------------------------------------------------------------------------------------------
+
+def _pom_digest() -> str:
+    return hashlib.sha256(POM.read_bytes()).hexdigest()
+
+
+def jars_present() -> bool:
+    return (FETCH_STAMP.is_file() and FETCH_STAMP.read_text().strip() == _pom_digest()
+            and any(LIB.glob("kafka_2.13-*.jar")))
+
+
+def kafka_version() -> str | None:
+    for jar in sorted(LIB.glob("kafka_2.13-*.jar")):
+        return jar.name[len("kafka_2.13-"):-len(".jar")]
+    return None
+
+
+def ensure_jars() -> Path:
+    """Fetch the broker jars into .cache/kafka/lib/ unless the pom's jars are already there."""
+    if jars_present():
+        return LIB
+    with _file_lock(CACHE / "locks" / "fetch.lock"):
+        if jars_present():
+            return LIB
+        mvn = shutil.which("mvn")
+        if not mvn:
+            raise KafkaLocalError("Maven (`mvn`) is not on PATH; it is needed once to fetch the "
+                                  f"Kafka jars into {LIB}")
+        if LIB.exists():  # the pom changed (or a fetch was interrupted): start clean
+            shutil.rmtree(LIB)
+        LIB.mkdir(parents=True)
+        _log(f"fetching Kafka jars with Maven into {LIB} ...")
+        t0 = time.monotonic()
+        proc = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies"],
+                              cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+        if proc.returncode != 0 or not any(LIB.glob("kafka_2.13-*.jar")):
+            raise KafkaLocalError("fetching the Kafka jars failed (mvn exit code "
+                                  f"{proc.returncode}):\n{proc.stdout[-4000:]}")
+        FETCH_STAMP.write_text(_pom_digest() + "\n")
+        _log(f"fetched Kafka {kafka_version()} ({len(list(LIB.glob('*.jar')))} jars) "
+             f"in {time.monotonic() - t0:.1f}s")
+    return LIB
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").is_file():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if not java:
+        raise KafkaLocalError("`java` (17 or newer) is not on PATH and JAVA_HOME is not set")
+    return java
+
+
+def _classpath() -> str:
+    return str(LIB / "*")
+
+
+# --------------------------------------------------------------------------------------------
+# config
+# --------------------------------------------------------------------------------------------
+
+LOG4J_PROPERTIES = """\
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger=WARN
+log4j.logger.state.change.logger=WARN
+log4j.logger.kafka.log.LogCleaner=WARN
+log4j.logger.org.apache.kafka.storage.internals.log=WARN
+log4j.logger.kafka.log=WARN
+"""
+
+
+def _cluster_id() -> str:
+    """A Kafka cluster id: a random UUID, base64url without padding (22 characters)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _server_properties(node_id: int, port: int, controller_port: int, voters: str,
+                       nodes: int, data_dir: Path) -> str:
+    rf = min(3, nodes)
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": node_id,
+        "controller.quorum.voters": voters,
+        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": data_dir,
+        "num.partitions": 1,
+        "default.replication.factor": rf,
+        "min.insync.replicas": 1,
+        "auto.create.topics.enable": "true",
+        "delete.topic.enable": "true",
+        "offsets.topic.replication.factor": rf,
+        "offsets.topic.num.partitions": 5,  # default 50: slow first group join on a laptop
+        "transaction.state.log.replication.factor": rf,
+        "transaction.state.log.min.isr": 1 if nodes == 1 else 2,
+        "transaction.state.log.num.partitions": 5,
+        "group.initial.rebalance.delay.ms": 0,
+        "num.network.threads": 2,
+        "num.io.threads": 4,
+        "num.recovery.threads.per.data.dir": 1,
+        "log.retention.hours": 24,
+        "log.segment.bytes": 64 * 1024 * 1024,
+        "controlled.shutdown.enable": "true",
+    }
+    return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+# --------------------------------------------------------------------------------------------
+# processes
+# --------------------------------------------------------------------------------------------
+
+def _pid_alive(pid: int) -> bool:
+    try:  # reap it if it is our own (exited) child, so it does not linger as a zombie
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        # an exited process whose parent does not reap it (e.g. a container's init) is a zombie
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rpartition(")")[2].split()[0] in ("Z", "X"):
+            return False
+        # guard against a recycled pid: it must still be a Kafka JVM. The cmdline reads empty
+        # for a moment while the process is still inside execve(), so empty counts as ours.
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return not cmdline or b"kafka.Kafka" in cmdline
+    except OSError:
+        return True
+
+
+def _read_state(port: int) -> dict | None:
+    f = run_dir(port) / "state.json"
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _pids(state: dict | None) -> list[int]:
+    return [n["pid"] for n in (state or {}).get("nodes", []) if n.get("pid")]
+
+
+def _alive_pids(port: int) -> list[int]:
+    return [p for p in _pids(_read_state(port)) if _pid_alive(p)]
+
+
+def _log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text[-lines:])
+
+
+def _run_checked(cmd: list[str], what: str, log: Path) -> None:
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(log, "a") as fh:
+        fh.write(proc.stdout)
+    if proc.returncode != 0:
+        raise KafkaLocalError(f"{what} failed (exit {proc.returncode}):\n"
+                              + "\n".join(proc.stdout.splitlines()[-30:]))
+
+
+def _terminate(pids: list[int], timeout: float = STOP_TIMEOUT) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+        time.sleep(0.2)
+    for pid in pids:
+        if _pid_alive(pid):
+            _log(f"pid {pid} ignored SIGTERM for {timeout:.0f}s, sending SIGKILL")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+        time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# readiness (Admin API)
+# --------------------------------------------------------------------------------------------
+
+def _quiet_logger() -> logging.Logger:
+    """librdkafka otherwise prints 'Connect to ... failed' to stderr while the broker starts."""
+    lg = logging.getLogger("kafka_local.librdkafka")
+    if not lg.handlers:
+        lg.addHandler(logging.NullHandler())
+    lg.propagate = False
+    return lg
+
+
+def _admin(bootstrap: str):
+    try:
+        from confluent_kafka.admin import AdminClient
+    except ImportError as e:  # pragma: no cover - the project depends on confluent-kafka
+        raise KafkaLocalError("confluent_kafka is needed for the readiness check; run this "
+                              "script with the project's venv (.venv/bin/python)") from e
+    return AdminClient({"bootstrap.servers": bootstrap, "logger": _quiet_logger(),
+                        "socket.connection.setup.timeout.ms": 2000})
+
+
+def _broker_ids(bootstrap: str, timeout: float = 3.0) -> set[int] | None:
+    """Broker ids in the cluster metadata, or None when nothing answers as a Kafka broker."""
+    first = bootstrap.split(",")[0]
+    host, _, port = first.rpartition(":")
+    if not port_in_use(int(port), host or HOST):
+        return None
+    try:
+        md = _admin(bootstrap).list_topics(timeout=timeout)
+    except Exception:
+        return None
+    return set(md.brokers)
+
+
+def broker_ready(bootstrap: str, timeout: float = READY_TIMEOUT, expected_brokers: int = 1,
+                 _procs: list[int] | None = None, _log_file: Path | None = None) -> bool:
+    """True once the cluster at `bootstrap` answers through the Admin API: metadata shows at
+    least `expected_brokers` brokers, describe_cluster names a controller, and a throw-away
+    topic (replicated over all expected brokers) can be created. False after `timeout` s."""
+    from confluent_kafka import KafkaException  # noqa: F401  (fail early if missing)
+    from confluent_kafka.admin import NewTopic
+
+    deadline = time.monotonic() + timeout
+    probe = f"__jetwake_ready_{uuid.uuid4().hex[:8]}"
+    admin = None
+    while time.monotonic() < deadline:
+        if _procs and not any(_pid_alive(p) for p in _procs):
+            tail = _log_tail(_log_file) if _log_file else ""
+            raise KafkaLocalError(f"the broker process exited during start-up; last log "
+                                  f"lines:\n{tail}")
+        try:
+            ids = _broker_ids(bootstrap, timeout=2.0)
+            if ids is None or len(ids) < expected_brokers:
+                raise RuntimeError(f"brokers visible: {sorted(ids or [])}")
+            admin = admin or _admin(bootstrap)
+            cluster = admin.describe_cluster(request_timeout=5).result(timeout=6)
+            if cluster.controller is None or len(cluster.nodes) < expected_brokers:
+                raise RuntimeError("no controller / not all nodes yet")
+            fut = admin.create_topics([NewTopic(probe, num_partitions=1,
+                                                replication_factor=expected_brokers)],
+                                      operation_timeout=10, request_timeout=15)[probe]
+            try:
+                fut.result(timeout=20)
+            except Exception as e:  # a retry after a slow first attempt: fine if it exists
+                if "TOPIC_ALREADY_EXISTS" not in str(e) and "already exists" not in str(e):
+                    raise
+            with contextlib.suppress(Exception):
+                admin.delete_topics([probe], operation_timeout=10)[probe].result(timeout=15)
+            return True
+        except KafkaLocalError:
+            raise
+        except Exception:
+            time.sleep(0.5)
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------------
+
+def broker_status(port: int) -> dict:
+    state = _read_state(port)
+    nodes = (state or {}).get("nodes_count", 1)
+    bootstrap = (state or {}).get("bootstrap") or bootstrap_for(port)
+    ids = _broker_ids(bootstrap)
+    return {
+        "port": port,
+        "bootstrap": bootstrap,
+        "answering": ids is not None,
+        "brokers": sorted(ids or []),
+        "ours": state is not None,
+        "nodes": nodes,
+        "pids": _pids(state),
+        "alive_pids": _alive_pids(port),
+        "run_dir": str(run_dir(port)),
+        "kafka_version": (state or {}).get("kafka_version"),
+    }
+
+
+def start_broker(port: int | None = None, nodes: int = 1,
+                 timeout: float = READY_TIMEOUT) -> str:
+    """Start a KRaft broker (or an N-node cluster) on 127.0.0.1:port.. and return the bootstrap
+    string once it is ready. Returns at once if a broker already answers on `port`."""
+    port = default_port() if port is None else int(port)
+    if nodes < 1:
+        raise KafkaLocalError("--nodes must be >= 1")
+    bootstrap = bootstrap_for(port, nodes)
+    rdir = run_dir(port)
+    with _file_lock(CACHE / "locks" / f"run-{port}.lock"):
+        state = _read_state(port)
+        alive = _alive_pids(port)
+        ids = _broker_ids(bootstrap_for(port))
+        if ids is not None:
+            existing = (state or {}).get("bootstrap") or bootstrap_for(port, max(len(ids), 1))
+            _log(f"a Kafka broker is already running on {HOST}:{port} "
+                 f"(brokers {sorted(ids)}{', started by kafka_local' if alive else ''})")
+            return existing
+        if alive:  # ours, still starting (another `up` racing us) -> just wait for it
+            _log(f"broker processes {alive} for port {port} exist; waiting for them")
+            if broker_ready(state["bootstrap"], timeout, state.get("nodes_count", 1), alive,
+                            rdir / "broker-1.log"):
+                return state["bootstrap"]
+            raise KafkaLocalError(f"broker processes {alive} on port {port} are not answering; "
+                                  f"run `kafka_local.py down --port {port}`")
+        for p in range(port, port + nodes):
+            if port_in_use(p) or not _can_bind(p):
+                raise KafkaLocalError(f"port {HOST}:{p} is taken by something that is not a "
+                                      "Kafka broker; choose another with --port / KAFKA_PORT")
+
+        ensure_jars()
+        java = _java()
+        if rdir.exists():  # stale run from a crashed/killed broker: data is disposable
+            shutil.rmtree(rdir)
+        rdir.mkdir(parents=True)
+        log4j = rdir / "log4j.properties"
+        log4j.write_text(LOG4J_PROPERTIES)
+        jvm_common = [java, *HEAP.split(), *JVM_OPTS.split(), "-Djava.awt.headless=true",
+                      f"-Dlog4j.configuration=file:{log4j}", f"-Dkafka.logs.dir={rdir}",
+                      "-cp", _classpath()]
+
+        broker_ports = set(range(port, port + nodes))
+        controller_ports: list[int] = []
+        for _ in range(nodes):
+            controller_ports.append(free_port(avoid=broker_ports | set(controller_ports)))
+        voters = ",".join(f"{i + 1}@{HOST}:{cp}" for i, cp in enumerate(controller_ports))
+        cluster_id = _cluster_id()
+        t0 = time.monotonic()
+        node_state: list[dict] = []
+        state = {"port": port, "nodes_count": nodes, "bootstrap": bootstrap,
+                 "cluster_id": cluster_id, "kafka_version": kafka_version(),
+                 "nodes": node_state}
+
+        def save_state() -> None:
+            (rdir / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+            (rdir / "kafka.pid").write_text("".join(f"{n['pid']}\n" for n in node_state))
+
+        try:
+            for i in range(nodes):
+                node_id = i + 1
+                props = rdir / f"server-{node_id}.properties"
+                props.write_text(_server_properties(node_id, port + i, controller_ports[i],
+                                                    voters, nodes, rdir / f"data-{node_id}"))
+                _run_checked([*jvm_common, "kafka.tools.StorageTool", "format", "-t",
+                              cluster_id, "-c", str(props), "--ignore-formatted"],
+                             f"formatting storage for node {node_id}",
+                             rdir / f"format-{node_id}.log")
+            for i in range(nodes):
+                node_id = i + 1
+                log = rdir / f"broker-{node_id}.log"
+                with open(log, "ab") as out:
+                    proc = subprocess.Popen(
+                        [*jvm_common, f"-Dkafka.node.id={node_id}", "kafka.Kafka",
+                         str(rdir / f"server-{node_id}.properties")],
+                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                        start_new_session=True, close_fds=True, cwd=rdir)
+                node_state.append({"node_id": node_id, "pid": proc.pid, "port": port + i,
+                                   "controller_port": controller_ports[i], "log": str(log)})
+                save_state()
+            pids = [n["pid"] for n in node_state]
+            _log(f"started Kafka {kafka_version()} ({nodes} node{'s' * (nodes > 1)}, "
+                 f"pids {pids}); waiting for {bootstrap} ...")
+            if not broker_ready(bootstrap, timeout, nodes, pids, rdir / "broker-1.log"):
+                raise KafkaLocalError(
+                    f"Kafka on {bootstrap} was not ready within {timeout:.0f}s; last lines of "
+                    f"{rdir / 'broker-1.log'}:\n{_log_tail(rdir / 'broker-1.log')}")
+        except BaseException:
+            _terminate(_pids(state), timeout=5)
+            raise
+        _log(f"Kafka ready on {bootstrap} after {time.monotonic() - t0:.1f}s "
+             f"(logs in {rdir})")
+        return bootstrap
+
+
+def stop_broker(port: int | None = None, timeout: float = STOP_TIMEOUT) -> bool:
+    """Stop the broker process(es) `start_broker` started on `port` and delete the run
+    directory. Returns False when there was nothing of ours to stop."""
+    port = default_port() if port is None else int(port)
+    rdir = run_dir(port)
+    with _file_lock(CACHE / "locks" / f"run-{port}.lock"):
+        state = _read_state(port)
+        pids = [p for p in _pids(state) if _pid_alive(p)]
+        if pids:
+            _log(f"stopping Kafka on port {port} (pids {pids}) ...")
+            _terminate(pids, timeout)
+        if rdir.exists():
+            shutil.rmtree(rdir, ignore_errors=True)
+        if state is None and port_in_use(port):
+            _log(f"something answers on {HOST}:{port} but it was not started by kafka_local; "
+                 "left alone")
+        return bool(pids)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("up", "down", "status"):
+        p = sub.add_parser(name)
+        p.add_argument("--port", type=int, default=None,
+                       help=f"client port (default $KAFKA_PORT, else {DEFAULT_PORT})")
+        if name == "up":
+            p.add_argument("--nodes", type=int, default=1, help="1 (default) or 3")
+            p.add_argument("--timeout", type=float, default=READY_TIMEOUT)
+    args = ap.parse_args(argv)
+    port = default_port() if args.port is None else args.port
+    try:
+        if args.cmd == "up":
+            bootstrap = start_broker(port, args.nodes, args.timeout)
+            print(bootstrap)
+        elif args.cmd == "down":
+            if not stop_broker(port):
+                _log(f"no broker started by kafka_local is running on port {port}")
+        else:
+            st = broker_status(port)
+            if st["answering"]:
+                print(f"running: {st['bootstrap']} brokers={st['brokers']} "
+                      f"pids={st['alive_pids'] or '(not ours)'} version={st['kafka_version']}")
+            elif st["alive_pids"]:
+                print(f"starting or unhealthy: pids={st['alive_pids']} (see {st['run_dir']})")
+            else:
+                print(f"not running on port {port}")
+                return 1
+    except KafkaLocalError as e:
+        _log(f"error: {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""pytest plugin: a real Kafka broker for integration tests.
+
+Loaded from tests/conftest.py (``pytest_plugins = ["kafka_broker"]``). Fixtures:
+
+``kafka_bootstrap`` (session)
+    A bootstrap-servers string, from the first of these that works:
+
+    1. ``$KAFKA_BOOTSTRAP_SERVERS`` if set (an external broker; used as is);
+    2. testcontainers' ``KafkaContainer`` if a Docker engine answers;
+    3. a local KRaft broker started by docker/local-kafka/kafka_local.py on a free loopback
+       port (jars fetched with Maven on first use), stopped at the end of the session.
+
+    If none of them can be had the requesting tests fail (they are never skipped).
+
+``kafka_topic`` (function)
+    A factory ``new_topic(partitions=1, replication_factor=1) -> name`` that creates a
+    uniquely named topic and waits until its metadata shows a leader for every partition.
+    The topics are deleted afterwards (best effort).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+_KAFKA_LOCAL = Path(__file__).resolve().parent.parent / "docker" / "local-kafka" / "kafka_local.py"
+
+
+def _kafka_local():
+    """Import docker/local-kafka/kafka_local.py (its folder is not a package)."""
+    mod = sys.modules.get("kafka_local")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("kafka_local", _KAFKA_LOCAL)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["kafka_local"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+def _docker_answers(timeout: float = 2.0) -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except BaseException:  # noqa: BLE001 - no SDK, no socket, refused, timeout...: no Docker
+        return False
+
+
+def _start_container():
+    from testcontainers.kafka import KafkaContainer
+
+    container = KafkaContainer().with_kraft()
+    container.start()
+    return container
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap():
+    env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    if env:
+        yield env
+        return
+
+    errors: list[str] = []
+    if _docker_answers():
+        try:
+            container = _start_container()
+        except Exception as e:  # noqa: BLE001 - fall through to the local broker
+            errors.append(f"testcontainers KafkaContainer: {type(e).__name__}: {e}")
+        else:
+            try:
+                yield container.get_bootstrap_server()
+            finally:
+                container.stop()
+            return
+    else:
+        errors.append("no Docker engine answers (testcontainers not used)")
+
+    kl = _kafka_local()
+    port = kl.free_port()
+    bootstrap = None
+    try:
+        bootstrap = kl.start_broker(port)
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"local broker (docker/local-kafka/kafka_local.py) on port {port}: "
+                      f"{type(e).__name__}: {e}")
+        kl.stop_broker(port)
+    if bootstrap is None:
+        pytest.fail("no Kafka broker available for the kafka tests:\n  - "
+                    + "\n  - ".join(errors)
+                    + "\nSet KAFKA_BOOTSTRAP_SERVERS to use an existing broker.", pytrace=False)
+    try:
+        yield bootstrap
+    finally:
+        kl.stop_broker(port)
+
+
+def _admin(bootstrap: str):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def _wait_for_topic(admin, name: str, partitions: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            md = admin.list_topics(topic=name, timeout=5).topics.get(name)
+        except Exception:  # noqa: BLE001 - transient while the topic is being created
+            md = None
+        if (md is not None and md.error is None and len(md.partitions) == partitions
+                and all(p.leader >= 0 for p in md.partitions.values())):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"topic {name!r} did not appear within {timeout:.0f}s")
+
+
+@pytest.fixture
+def kafka_topic(kafka_bootstrap, request):
+    from confluent_kafka.admin import NewTopic
+
+    admin = _admin(kafka_bootstrap)
+    created: list[str] = []
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name).strip("-")[:60]
+
+    def new_topic(partitions: int = 1, replication_factor: int = 1) -> str:
+        name = f"jetwake-{base}-{uuid.uuid4().hex[:10]}"
+        fut = admin.create_topics([NewTopic(name, num_partitions=partitions,
+                                            replication_factor=replication_factor)],
+                                  operation_timeout=30)[name]
+        fut.result(timeout=60)
+        created.append(name)
+        _wait_for_topic(admin, name, partitions)
+        return name
+
+    yield new_topic
+
+    if created:
+        try:
+            for fut in admin.delete_topics(created, operation_timeout=30).values():
+                fut.result(timeout=30)
+        except Exception:  # noqa: BLE001 - cleanup only
+            pass
