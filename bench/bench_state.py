@@ -1,7 +1,8 @@
-"""Micro-benchmark: puts/s and gets/s of the keyed state backends against a plain dict.
+"""Micro-benchmark: puts/s and gets/s of the keyed state backends beside a plain dict.
 
-Run ``python bench/bench_state.py [key_count]``. Keys are strings, values small ints; gets
-read every key once in a shuffled order, so a cache smaller than the state misses often.
+Run ``python -m bench state`` or ``python -m bench.bench_state [key_count]``. Keys are strings,
+values small ints; puts end with one flush; gets read every key once in a shuffled order, so a
+cache smaller than the state misses often.
 """
 
 from __future__ import annotations
@@ -10,18 +11,19 @@ import random
 import shutil
 import sys
 import tempfile
-import time
 from typing import Callable
 
 from jetwake.snapshot.state_backend import InMemoryStateBackend, RocksDBStateBackend
+
+from .report import line, timer
 
 KEY_COUNT = 1_000_000
 
 
 def _rate(count: int, run: Callable[[], None]) -> float:
-    started = time.perf_counter()
-    run()
-    return count / (time.perf_counter() - started)
+    with timer() as elapsed:
+        run()
+    return count / elapsed[0]
 
 
 def _bench_dict(keys: list[str], order: list[str]) -> tuple[float, float]:
@@ -57,17 +59,12 @@ def _bench_backend(make: Callable[[], object], keys: list[str], order: list[str]
         backend.destroy()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Print puts/s and gets/s per backend, and the ratio to a plain dict."""
-    args = sys.argv[1:] if argv is None else argv
-    count = int(args[0]) if args else KEY_COUNT
-    keys = [f"user-{i}" for i in range(count)]
+def main(key_count: int = KEY_COUNT) -> None:
+    """Print puts/s and gets/s per backend beside a plain dict, with the ratio."""
+    keys = [f"user-{i}" for i in range(key_count)]
     order = keys[:]
     random.Random(7).shuffle(order)
-
     dict_puts, dict_gets = _bench_dict(keys, order)
-    print(f"{'backend':<28} {'puts/s':>12} {'gets/s':>12} {'dict/puts':>10} {'dict/gets':>10}")
-    print(f"{'dict':<28} {dict_puts:>12,.0f} {dict_gets:>12,.0f} {1:>10.1f} {1:>10.1f}")
     tmp = tempfile.mkdtemp(prefix="bench-state-")
     try:
         cases: list[tuple[str, Callable[[], object]]] = [
@@ -77,11 +74,11 @@ def main(argv: list[str] | None = None) -> None:
         ]
         for name, make in cases:
             puts, gets = _bench_backend(make, keys, order)
-            print(f"{name:<28} {puts:>12,.0f} {gets:>12,.0f} "
-                  f"{dict_puts / puts:>10.1f} {dict_gets / gets:>10.1f}", flush=True)
+            line(f"state put, {name}", puts, dict_puts, "puts", "dict")
+            line(f"state get, {name}", gets, dict_gets, "gets", "dict")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else KEY_COUNT)
