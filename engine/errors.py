@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["JetwakeError", "JobNotFoundError", "JobCancelledError", "JobStateError",
-           "SnapshotNotFoundError"]
+           "SnapshotNotFoundError", "RestartableError", "SnapshotError"]
 
 
 class JetwakeError(Exception):
@@ -30,3 +30,12 @@ class SnapshotNotFoundError(JetwakeError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "snapshot not found"
+
+
+class RestartableError(JetwakeError):
+    """A failure after which the job restarts from its last snapshot instead of failing
+    (a fenced producer, a snapshot that could not complete)."""
+
+
+class SnapshotError(JetwakeError):
+    """A snapshot could not be read, matched to the job, or written; the message says why."""

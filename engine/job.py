@@ -48,8 +48,47 @@ class Job:
         self._c.join(timeout)
 
     def cancel(self) -> None:
-        """Stops the job; it ends FAILED with JobCancelledError."""
+        """Stops the job; it ends FAILED with JobCancelledError. Its automatic snapshots are
+        deleted; named exports stay."""
         self._c.cancel()
+
+    def suspend(self) -> None:
+        """Takes a terminal snapshot (if the job has a guarantee) and stops; see resume()."""
+        self._c.suspend()
+        self._c.wait_for_status({JobStatus.SUSPENDED, JobStatus.FAILED,
+                                 JobStatus.COMPLETED}, 60)
+
+    def resume(self) -> None:
+        """Starts a suspended job again from its last snapshot."""
+        self._c.resume()
+
+    def restart(self) -> None:
+        """Stops the running execution and starts a new one from the last snapshot."""
+        self._c.restart()
+
+    def export_snapshot(self, name: str):
+        """Takes a snapshot and keeps it under ``name`` until deleted; a new job can start
+        from it with ``JobConfig(initial_snapshot_name=name)``."""
+        return self._c.export_snapshot(name)
+
+    def cancel_and_export_snapshot(self, name: str):
+        """Takes a terminal snapshot, exports it as ``name`` and cancels the job."""
+        rec = self._c.export_snapshot(name, cancel=True)
+        self._c._ended.wait(60)
+        return rec
+
+    def take_snapshot(self):
+        """Takes a snapshot now (it also happens every ``snapshot_interval_ms``)."""
+        return self._c.take_snapshot()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the job failed or was suspended on failure, if it did."""
+        return self._c.failure_text
+
+    @property
+    def last_snapshot(self):
+        return self._c.last_snapshot
 
     def metrics(self) -> dict[str, dict[str, int]]:
         return self._c.metrics()

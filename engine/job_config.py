@@ -40,14 +40,14 @@ class JobConfig:
             raise ValueError(
                 f"JobConfig.processing_guarantee must be one of {', '.join(PROCESSING_GUARANTEES)}"
                 f", got {self.processing_guarantee!r}")
-        if not isinstance(self.snapshot_interval_ms, int) or self.snapshot_interval_ms < 1:
+        if not _is_int(self.snapshot_interval_ms) or self.snapshot_interval_ms < 1:
             raise ValueError(f"JobConfig.snapshot_interval_ms must be a positive int (ms), "
                              f"got {self.snapshot_interval_ms!r}")
         if self.initial_snapshot_name is not None and (
                 not isinstance(self.initial_snapshot_name, str) or not self.initial_snapshot_name):
             raise ValueError("JobConfig.initial_snapshot_name must be a snapshot name or None, "
                              f"got {self.initial_snapshot_name!r}")
-        if not isinstance(self.local_parallelism, int) or (
+        if not _is_int(self.local_parallelism) or (
                 self.local_parallelism < 1 and self.local_parallelism != -1):
             raise ValueError("JobConfig.local_parallelism must be a positive int or -1, "
                              f"got {self.local_parallelism!r}")
@@ -58,3 +58,7 @@ class JobConfig:
     @property
     def snapshots_enabled(self) -> bool:
         return self.processing_guarantee != "none"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

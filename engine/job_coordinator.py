@@ -1,7 +1,9 @@
-"""Runs one job on the member: plans it, starts its execution, and follows it to its end.
+"""Runs one job on the member: plans it, runs its executions, snapshots it, and restarts it.
 
-This is the coordinator side of a job (Jet's MasterContext): it owns the job's status and is
-the only place that changes it.
+This is the coordinator side of a job (Jet's MasterContext). It owns the job's status and is
+the only place that changes it. An *execution* is one run of the job's processors; a job may
+have several (restart, suspend/resume, recovery after a crash), each restoring the last good
+snapshot.
 """
 
 from __future__ import annotations
@@ -11,12 +13,19 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..snapshot.job_records import JobRecord
+from ..snapshot.store import CommitRecord, SnapshotDamagedError, SnapshotStoreError
 from .dag import DAG
-from .errors import JobCancelledError, JobStateError
+from .errors import (
+    JobCancelledError, JobStateError, RestartableError, SnapshotError, SnapshotNotFoundError,
+)
 from .execution.plan import PlanContext, build_tasklets
+from .serialization import SerializationError
 from .execution.service import Execution
 from .job_config import JobConfig
 from .job_status import JobStatus
+from .snapshot_context import SnapshotContext
+from .snapshot_restore import restore_state
 
 if TYPE_CHECKING:  # pragma: no cover
     from .member import Member
@@ -25,22 +34,37 @@ __all__ = ["JobCoordinator"]
 
 log = logging.getLogger("jetwake.job")
 
+PHASE_TIMEOUT_S = 120.0
+
+# why the current execution is being stopped
+_STOP_NONE, _STOP_CANCEL, _STOP_SUSPEND, _STOP_RESTART = range(4)
+
 
 class JobCoordinator:
-    def __init__(self, member: "Member", job_id: str, definition: Any, config: JobConfig) -> None:
+    def __init__(self, member: "Member", job_id: str, definition: Any, config: JobConfig,
+                 submission_time: float | None = None) -> None:
         self.member = member
         self.job_id = job_id
         self.definition = definition  # a Pipeline or a DAG
         self.config = config
         self.name = config.name or job_id
-        self.submission_time = time.time()
+        self.submission_time = submission_time or time.time()
         self.completion_time: float | None = None
         self.status = JobStatus.NOT_RUNNING
         self.error: BaseException | None = None
+        self.failure_text: str | None = None
+        self.last_snapshot: CommitRecord | None = None
+        self.snapshot_count = 0
+        self.restart_count = 0
         self._execution: Execution | None = None
-        self._user_cancelled = False
+        self._snapshot: SnapshotContext | None = None
+        self._stop_reason = _STOP_NONE
         self._lock = threading.RLock()
+        self._snapshot_lock = threading.Lock()
+        self._record_lock = threading.Lock()
+        self._state_changed = threading.Condition(self._lock)
         self._ended = threading.Event()
+        self._snapshotter: threading.Thread | None = None
         self.dag: DAG = self._compile()
 
     def _compile(self) -> DAG:
@@ -59,65 +83,319 @@ class JobCoordinator:
         lp = self.config.local_parallelism
         return lp if lp > 0 else self.member.default_local_parallelism
 
-    # --- lifecycle -------------------------------------------------------------------------
+    @property
+    def store(self):
+        return self.member.snapshot_store
 
-    def start(self) -> None:
+    # --- status ----------------------------------------------------------------------------
+
+    def _set_status(self, status: JobStatus) -> None:
         with self._lock:
-            self.status = JobStatus.STARTING
+            if self.status == status:
+                return
+            self.status = status
+            self._state_changed.notify_all()
+        self._save_record()
+        self.member.emit_event(self, status.value.lower())
+
+    def _save_record(self, definition: Any = None) -> None:
+        records = self.member.job_records
+        if not records.persistent:
+            return
+        with self._record_lock:  # the status written is the one current at write time
+            records.save(JobRecord(self.job_id, self.name, self.status.value,
+                                   dict(vars(self.config)), self.submission_time,
+                                   self.completion_time, self.failure_text,
+                                   {"restart_count": self.restart_count}), definition)
+
+    def mark_resume_on_start(self) -> None:
+        """Records the job as running, so the member's next start resumes it (after a
+        graceful shutdown took its terminal snapshot)."""
+        if self.member.job_records.persistent:
+            with self._lock:
+                saved = self.status
+                self.status = JobStatus.RUNNING
+                try:
+                    self._save_record()
+                finally:
+                    self.status = saved
+
+    def wait_for_status(self, statuses: set[JobStatus], timeout: float) -> bool:
+        with self._lock:
+            return self._state_changed.wait_for(lambda: self.status in statuses, timeout)
+
+    # --- starting an execution ---------------------------------------------------------------
+
+    def start(self, *, restore: str = "latest", persist_definition: bool = True) -> None:
+        """Starts an execution; ``restore`` is "latest" (the last good snapshot, if any),
+        "initial" (the config's initial_snapshot_name) or "none"."""
+        with self._lock:
+            self._stop_reason = _STOP_NONE
+            self._ended.clear()
+        if persist_definition:
+            self._save_record(self.definition)
+        self._set_status(JobStatus.STARTING)
         try:
+            saved, restored_id, desc = self._load_state(restore)
+            snapshot = SnapshotContext(restored_id) if self.config.snapshots_enabled else None
             ctx = PlanContext(job_id=self.job_id, job_name=self.name,
                               processing_guarantee=self.config.processing_guarantee,
                               default_parallelism=self._default_parallelism(),
-                              member=self.member)
+                              member=self.member, snapshot=snapshot)
             tasklets = build_tasklets(self.dag, ctx)
-            for t in tasklets:
-                t.init()
+            initialized = []
+            try:
+                for t in tasklets:
+                    initialized.append(t)
+                    t.init()
+                if saved is not None:
+                    restore_state(tasklets, saved, desc)
+            except BaseException:
+                for t in initialized:
+                    try:
+                        t.close()
+                    except Exception:  # noqa: BLE001 - the first error is the one to report
+                        log.exception("closing %s after a failed start", t.name)
+                raise
         except BaseException as e:
             self._finish(JobStatus.FAILED, e)
             raise
-        execution = Execution(self.name, tasklets, self._on_execution_end)
+        execution = Execution(self.name, tasklets, self._on_execution_end, snapshot)
+        if snapshot is not None:
+            snapshot.attach(tasklets)
         with self._lock:
             self._execution = execution
-            self.status = JobStatus.RUNNING
-        log.info("job %s (%s) started: %d processors", self.name, self.job_id, len(tasklets))
+            self._snapshot = snapshot
+        self._set_status(JobStatus.RUNNING)
+        log.info("job %s (%s) started: %d processors%s", self.name, self.job_id, len(tasklets),
+                 f", restored from {desc}" if saved is not None else "")
         self.member.execution_service.submit(execution)
+        if snapshot is not None:
+            self._snapshotter = threading.Thread(
+                target=self._snapshot_loop, args=(execution,), daemon=True,
+                name=f"jetwake-snapshots-{self.name}")
+            self._snapshotter.start()
+
+    def _load_state(self, restore: str) -> tuple[dict | None, int, str]:
+        if restore == "initial" and self.config.initial_snapshot_name:
+            name = self.config.initial_snapshot_name
+            rec = self.store.get_export(name)
+            if rec is None:
+                raise SnapshotNotFoundError(
+                    f"no exported snapshot named '{name}' (JobConfig.initial_snapshot_name); "
+                    "list them with member.snapshots()")
+            try:
+                saved = self.store.read(rec)
+            except SnapshotStoreError as e:
+                raise SnapshotError(f"exported snapshot '{name}' is damaged: {e}") from e
+            return saved, -1, f"exported snapshot '{name}'"
+        if restore != "latest" or not self.config.snapshots_enabled:
+            return None, -1, ""
+        for rec in self.store.committed(self.job_id):
+            if rec.job_id != self.job_id:
+                raise SnapshotError(
+                    f"snapshot {rec.snapshot_id} in the directory of job {self.job_id} was "
+                    f"written by job {rec.job_id}; the data directory has been tampered with")
+            try:
+                saved = self.store.read(rec)
+            except SnapshotDamagedError as e:
+                log.warning("job %s: snapshot %d is damaged (%s); falling back to the previous "
+                            "good snapshot", self.name, rec.snapshot_id, e)
+                continue
+            self.last_snapshot = rec
+            return saved, rec.snapshot_id, f"snapshot {rec.snapshot_id}"
+        return None, -1, ""
+
+    # --- the end of an execution -------------------------------------------------------------
 
     def _on_execution_end(self, execution: Execution) -> None:
-        if self._user_cancelled:
+        with self._lock:
+            if execution is not self._execution:
+                return
+            reason = self._stop_reason
+        if reason == _STOP_CANCEL:
+            self.store.delete_job_snapshots(self.job_id)
             self._finish(JobStatus.FAILED, JobCancelledError(f"job '{self.name}' was cancelled"))
+        elif reason == _STOP_SUSPEND:
+            self._set_status(JobStatus.SUSPENDED)
+        elif reason == _STOP_RESTART:
+            self._restart_async("restart requested")
         elif execution.error is not None:
             err = execution.error
+            if isinstance(err, RestartableError) and self.config.snapshots_enabled:
+                log.warning("job %s: %s; restarting from the last snapshot", self.name, err)
+                self._restart_async(str(err))
+                return
             try:
                 err.add_note(f"jetwake: job '{self.name}' failed in processor "
                              f"{execution.error_tasklet}")
-            except AttributeError:  # pragma: no cover - BaseException without notes
+            except AttributeError:  # pragma: no cover
                 pass
             log.error("job %s failed in %s: %r", self.name, execution.error_tasklet, err)
-            self._finish(JobStatus.FAILED, err)
+            self.failure_text = f"{type(err).__name__}: {err} (in {execution.error_tasklet})"
+            if self.config.suspend_on_failure:
+                self.error = err
+                self._set_status(JobStatus.SUSPENDED)
+            else:
+                self._finish(JobStatus.FAILED, err)
         else:
+            self._set_status(JobStatus.COMPLETING)
+            self.store.delete_job_snapshots(self.job_id)
             self._finish(JobStatus.COMPLETED, None)
+
+    def _restart_async(self, why: str) -> None:
+        self.restart_count += 1
+        self.member.emit_event(self, f"restarting ({why})")
+        threading.Thread(target=self._restart, daemon=True,
+                         name=f"jetwake-restart-{self.name}").start()
+
+    def _restart(self) -> None:
+        try:
+            self.start(restore="latest", persist_definition=False)
+        except BaseException as e:  # noqa: BLE001 - start() already failed the job
+            log.error("job %s could not restart: %r", self.name, e)
 
     def _finish(self, status: JobStatus, error: BaseException | None) -> None:
         with self._lock:
             if self.status.is_terminal:
                 return
-            self.status = status
             self.error = error
+            if error is not None and self.failure_text is None:
+                self.failure_text = f"{type(error).__name__}: {error}"
             self.completion_time = time.time()
-        log.info("job %s %s", self.name, status.value.lower())
+        self._set_status(status)
         self._ended.set()
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def _snapshot_loop(self, execution: Execution) -> None:
+        interval = self.config.snapshot_interval_ms / 1000
+        while True:
+            if execution.finished.wait(interval):
+                return
+            with self._lock:
+                if execution is not self._execution or self.status != JobStatus.RUNNING \
+                        or self._stop_reason != _STOP_NONE:
+                    return
+            try:
+                self.take_snapshot()
+            except RestartableError as e:
+                execution.fail(execution.tasklets[0], e)
+                return
+            except JobStateError:
+                return
+
+    def take_snapshot(self, terminal: bool = False) -> CommitRecord:
+        """Runs both phases of one snapshot of the current execution."""
+        with self._snapshot_lock:
+            with self._lock:
+                execution, snap = self._execution, self._snapshot
+                if execution is None or snap is None or execution.finished.is_set():
+                    raise JobStateError(f"job '{self.name}' has no running execution to "
+                                        "snapshot")
+            sid = self.store.next_snapshot_id(self.job_id)
+            writer = self.store.writer(self.job_id, self.name, sid, terminal)
+            snap.request(sid, writer, terminal)
+            cancelled = lambda: execution.cancelled  # noqa: E731
+            ok = snap.wait_phase1(sid, PHASE_TIMEOUT_S, cancelled)
+            rec = None
+            if ok:
+                try:
+                    rec = writer.commit()  # the commit point
+                except SerializationError as e:
+                    # the job's state cannot be saved: restarting would not help
+                    snap.start_phase2(sid, False)
+                    execution.fail(execution.tasklets[0], SnapshotError(
+                        f"snapshot {sid} of job '{self.name}': state cannot be serialized: {e}"))
+                    raise JobStateError(str(e)) from e
+                except OSError as e:
+                    log.error("job %s: writing snapshot %d failed: %r", self.name, sid, e)
+                    ok = False
+            snap.start_phase2(sid, ok)
+            snap.wait_phase2(sid, PHASE_TIMEOUT_S, cancelled)
+            if not ok or rec is None:
+                if execution.cancelled:
+                    raise JobStateError(f"job '{self.name}' stopped during snapshot {sid}")
+                raise RestartableError(f"snapshot {sid} of job '{self.name}' did not complete "
+                                       "phase 1")
+            self.last_snapshot = rec
+            self.snapshot_count += 1
+            self.store.prune(self.job_id)
+            self.member.emit_event(
+                self, f"snapshot {sid} taken in {rec.duration_ms:.0f} ms, "
+                      f"{rec.entry_count} entries, {rec.size_bytes} bytes")
+            return rec
+
+    # --- operations --------------------------------------------------------------------------
+
+    def _stop_execution(self, reason: int) -> Execution | None:
+        with self._lock:
+            self._stop_reason = reason
+            execution = self._execution
+        if execution is not None:
+            execution.cancel()
+        return execution
 
     def cancel(self) -> None:
         with self._lock:
             if self.status.is_terminal:
                 raise JobStateError(f"job '{self.name}' is already {self.status.value}; "
                                     "only a running or suspended job can be cancelled")
-            self._user_cancelled = True
-            execution = self._execution
-        if execution is not None:
-            execution.cancel()
-        else:
-            self._finish(JobStatus.FAILED, JobCancelledError(f"job '{self.name}' was cancelled"))
+            running = self.status in (JobStatus.RUNNING, JobStatus.STARTING)
+        if running and self._stop_execution(_STOP_CANCEL) is not None:
+            return
+        self.store.delete_job_snapshots(self.job_id)
+        self._finish(JobStatus.FAILED, JobCancelledError(f"job '{self.name}' was cancelled"))
+
+    def suspend(self) -> None:
+        self._require(JobStatus.RUNNING, "suspend")
+        if self.config.snapshots_enabled:
+            self.take_snapshot(terminal=True)
+        self._stop_execution(_STOP_SUSPEND)
+
+    def resume(self) -> None:
+        self._require(JobStatus.SUSPENDED, "resume")
+        self.error = None
+        self.start(restore="latest", persist_definition=False)
+
+    def restart(self) -> None:
+        self._require(JobStatus.RUNNING, "restart")
+        self.restart_count += 1
+        self._stop_execution(_STOP_RESTART)
+
+    def export_snapshot(self, name: str, cancel: bool = False) -> CommitRecord:
+        with self._lock:
+            status = self.status
+        if status == JobStatus.SUSPENDED:
+            if cancel:
+                raise JobStateError(f"job '{self.name}' is suspended: export its snapshot, "
+                                    "then cancel it")
+            rec = self.last_snapshot or self.store.latest(self.job_id)
+            if rec is None:
+                raise JobStateError(f"job '{self.name}' is suspended without a snapshot to "
+                                    "export (its guarantee is 'none')")
+            self._set_status(JobStatus.SUSPENDED_EXPORTING_SNAPSHOT)
+            try:
+                return self.store.export(rec, name)
+            finally:
+                self._set_status(JobStatus.SUSPENDED)
+        self._require(JobStatus.RUNNING, "export a snapshot of")
+        if not self.config.snapshots_enabled:
+            raise JobStateError(
+                f"job '{self.name}' runs with processing_guarantee='none' and takes no "
+                "snapshots; submit it with 'at_least_once' or 'exactly_once' to export state")
+        rec = self.take_snapshot(terminal=cancel)
+        exported = self.store.export(rec, name)
+        self.member.emit_event(self, f"snapshot exported as '{name}'")
+        if cancel:
+            self._stop_execution(_STOP_CANCEL)
+        return exported
+
+    def _require(self, status: JobStatus, action: str) -> None:
+        with self._lock:
+            if self.status != status:
+                raise JobStateError(f"cannot {action} job '{self.name}': it is "
+                                    f"{self.status.value}, not {status.value}")
 
     def join(self, timeout: float | None = None) -> None:
         if not self._ended.wait(timeout):
@@ -138,4 +416,7 @@ class JobCoordinator:
             m = out.setdefault(t.context.vertex_name, {"items_in": 0, "items_out": 0})
             m["items_in"] += t.items_in
             m["items_out"] += t.items_out
+            for k, v in t.context.metrics.items():
+                if isinstance(v, (int, float)):
+                    m[k] = m.get(k, 0) + v
         return out

@@ -6,17 +6,25 @@ keeps maps, job records and snapshots under ``data_dir``.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import threading
-from typing import Any
+from typing import Any, Callable
 
-from .errors import JobNotFoundError
+from .errors import JobNotFoundError, SnapshotNotFoundError
 from .execution.service import ExecutionService
 from .job import Job
 from .job_config import JobConfig
 from .job_coordinator import JobCoordinator
+from .job_status import JobStatus
 from .named_list import NamedList
+
+log = logging.getLogger("jetwake.member")
+
+# statuses in which a job was running when its member stopped: it resumes on the next start
+_WAS_RUNNING = {JobStatus.STARTING.value, JobStatus.RUNNING.value, JobStatus.COMPLETING.value,
+                JobStatus.NOT_RUNNING.value}
 
 __all__ = ["Member"]
 
@@ -39,7 +47,9 @@ class Member:
     def __init__(self, data_dir: str | os.PathLike | None = None, *,
                  cooperative_threads: int | None = None, local_parallelism: int | None = None,
                  journal_capacity: int = 1_000_000) -> None:
+        from ..snapshot.job_records import JobRecordStore
         from ..snapshot.maps import MapStore
+        from ..snapshot.store import SnapshotStore
 
         cpus = os.cpu_count() or 1
         threads = cooperative_threads if cooperative_threads is not None else min(2, cpus)
@@ -58,6 +68,48 @@ class Member:
         self._jobs: dict[str, JobCoordinator] = {}
         self._lock = threading.RLock()
         self._shut_down = False
+        self.snapshot_store = SnapshotStore(self.data_dir)
+        self.job_records = JobRecordStore(self.data_dir)
+        self._listeners: list[Callable[[str, str, str], None]] = []
+        if self.data_dir is not None:
+            self._recover_jobs()
+
+    def _recover_jobs(self) -> None:
+        """Loads the job records of the data directory; jobs that were running resume from
+        their last snapshot."""
+        for rec in self.job_records.load_all():
+            definition = self.job_records.load_definition(rec.job_id)
+            cfg = dict(rec.config)
+            cfg.pop("arguments", None)
+            config = JobConfig(**cfg)
+            c = JobCoordinator(self, rec.job_id, definition, config, rec.submission_time)
+            c.completion_time = rec.completion_time
+            c.failure_text = rec.failure
+            c.restart_count = rec.extra.get("restart_count", 0)
+            self._jobs[c.job_id] = c
+            if rec.status in _WAS_RUNNING:
+                log.info("job %s (%s) was %s when the member stopped: resuming it", c.name,
+                         c.job_id, rec.status)
+                c.restart_count += 1
+                c.start(restore="latest", persist_definition=False)
+            else:
+                c.status = JobStatus(rec.status)
+                if c.status.is_terminal:
+                    c._ended.set()
+
+    # --- events ----------------------------------------------------------------------------
+
+    def add_listener(self, fn: Callable[[str, str, str], None]) -> None:
+        """``fn(job_id, job_name, event)`` is called for every job lifecycle event."""
+        self._listeners.append(fn)
+
+    def emit_event(self, job: JobCoordinator, event: str) -> None:
+        log.info("job %s (%s): %s", job.name, job.job_id, event)
+        for fn in list(self._listeners):
+            try:
+                fn(job.job_id, job.name, event)
+            except Exception:  # noqa: BLE001 - a listener must not break the job
+                log.exception("job event listener failed")
 
     # --- jobs ------------------------------------------------------------------------------
 
@@ -77,7 +129,7 @@ class Member:
                         f"{existing.status.value}; choose another name or cancel that job")
             coordinator = JobCoordinator(self, new_job_id(), pipeline, config)
             self._jobs[coordinator.job_id] = coordinator
-        coordinator.start()
+        coordinator.start(restore="initial")
         return Job(coordinator)
 
     def _find_by_name(self, name: str) -> JobCoordinator | None:
@@ -106,6 +158,17 @@ class Member:
             coords = sorted(self._jobs.values(), key=lambda c: c.submission_time)
         return [Job(c) for c in coords]
 
+    # --- exported snapshots ------------------------------------------------------------------
+
+    def snapshots(self) -> list:
+        """The named (exported) snapshots, as commit records (name, job, time, size)."""
+        return self.snapshot_store.exports()
+
+    def delete_snapshot(self, name: str) -> None:
+        """Deletes a named snapshot; raises SnapshotNotFoundError if there is none."""
+        if not self.snapshot_store.delete_export(name):
+            raise SnapshotNotFoundError(f"no exported snapshot named '{name}'")
+
     # --- data ------------------------------------------------------------------------------
 
     def get_map(self, name: str):
@@ -127,18 +190,31 @@ class Member:
         if self._shut_down:
             raise RuntimeError("this member is shut down; create a new Member")
 
-    def shutdown(self) -> None:
-        """Cancels running jobs and stops the member's threads."""
+    def shutdown(self, graceful: bool | None = None) -> None:
+        """Stops the member.
+
+        With a data directory (and by default), jobs with a processing guarantee are suspended
+        with a terminal snapshot and marked to resume on the next start; other running jobs
+        are cancelled. Without a data directory running jobs are cancelled.
+        """
         if self._shut_down:
             return
         self._shut_down = True
+        if graceful is None:
+            graceful = self.data_dir is not None
         for c in list(self._jobs.values()):
-            if not c.status.is_terminal:
-                try:
+            if c.status.is_terminal or c.status == JobStatus.SUSPENDED:
+                continue
+            try:
+                if graceful and c.config.snapshots_enabled and c.status == JobStatus.RUNNING:
+                    c.suspend()
+                    c.wait_for_status({JobStatus.SUSPENDED}, 30)
+                    c.mark_resume_on_start()
+                else:
                     c.cancel()
                     c._ended.wait(5)
-                except Exception:  # noqa: BLE001 - shutting down regardless
-                    pass
+            except Exception:  # noqa: BLE001 - shutting down regardless
+                log.exception("stopping job %s", c.name)
         self.execution_service.shutdown()
         self._maps.close()
 

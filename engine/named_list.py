@@ -16,6 +16,8 @@ class NamedList(Sequence):
         self.name = name
         self._items: list = []
         self._lock = threading.Lock()
+        # writer id -> id of the last snapshot whose items it committed (exactly-once sinks)
+        self._markers: dict[str, int] = {}
 
     def add_all(self, items: Iterable[Any]) -> None:
         with self._lock:
@@ -24,6 +26,20 @@ class NamedList(Sequence):
     def add(self, item: Any) -> None:
         with self._lock:
             self._items.append(item)
+
+    def commit(self, items: list, writer: str, snapshot_id: int) -> bool:
+        """Appends ``items`` and records ``snapshot_id`` for ``writer`` in one step; does
+        nothing (False) if that snapshot's items were committed already."""
+        with self._lock:
+            if self._markers.get(writer, -1) >= snapshot_id:
+                return False
+            self._items.extend(items)
+            self._markers[writer] = snapshot_id
+            return True
+
+    def committed_snapshot(self, writer: str) -> int:
+        with self._lock:
+            return self._markers.get(writer, -1)
 
     def clear(self) -> None:
         with self._lock:

@@ -31,7 +31,19 @@ def partition_of(key: Any) -> int:
         n = len(data)
         if n < 256:
             return zlib.crc32(data, _STR_HEADER_CRC[n]) % PARTITION_COUNT
-    return zlib.crc32(dumps(key)) % PARTITION_COUNT
+    return zlib.crc32(dumps(_canonical(key))) % PARTITION_COUNT
+
+
+def _canonical(key: Any) -> Any:
+    """Keys equal in Python (1, 1.0, True) must share a partition, as they share a dict slot."""
+    t = type(key)
+    if t is bool:
+        return int(key)
+    if t is float and key.is_integer():
+        return int(key)
+    if t is tuple:
+        return tuple(_canonical(k) for k in key)
+    return key
 
 
 _STR_HEADER_CRC = tuple(

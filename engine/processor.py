@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .items import Watermark
+from .serialization import BROADCAST_KEY_TYPE_ID, register_type
 
 if TYPE_CHECKING:  # pragma: no cover
     from .snapshot_context import SnapshotContext
@@ -182,6 +183,14 @@ class Outbox:
         self.added += 1
         return True
 
+    def offer_all_to_snapshot(self, entries: list[tuple[Any, Any]]) -> bool:
+        """Saves a list of (key, value) entries at once when the snapshot buffer has room."""
+        if len(self._snapshot) >= self._snapshot_capacity:
+            return False
+        self._snapshot.extend(entries)
+        self.added += 1
+        return True
+
     def is_empty(self) -> bool:
         return not any(self._entries) and not self._snapshot
 
@@ -309,3 +318,6 @@ class BroadcastKey:
 
     def __repr__(self) -> str:
         return f"BroadcastKey({self.key!r})"
+
+
+register_type(BROADCAST_KEY_TYPE_ID, BroadcastKey, lambda b: b.key, BroadcastKey)

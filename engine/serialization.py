@@ -24,6 +24,11 @@ _EXT_BIGINT = 6
 _EXT_REGISTERED = 7
 _EXT_TIMEDELTA = 8
 
+# ids below 100 are jetwake's own; users register theirs from 100 up
+BROADCAST_KEY_TYPE_ID = 1
+WINDOW_RESULT_TYPE_ID = 2
+KEYED_WINDOW_RESULT_TYPE_ID = 3
+
 # type id -> (cls, to_fn, from_fn) and cls -> type id, for classes the user registers
 _registered_by_id: dict[int, tuple[type, Callable[[Any], Any], Callable[[Any], Any]]] = {}
 _registered_by_cls: dict[type, int] = {}

@@ -85,9 +85,6 @@ def test_a_tuple_and_a_list_with_the_same_elements_may_differ_but_are_each_stabl
     assert serialization.dumps((1, "a")) != serialization.dumps([1, "a"])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: partition_of hashes msgpack bytes, so keys that "
-                   "Python treats as equal (1 == 1.0 == True) land in different partitions and "
-                   "a group_by over mixed numeric keys gives parallelism-dependent results")
 def test_numerically_equal_keys_of_different_types_share_a_partition():
     assert partition_of(1) == partition_of(1.0) == partition_of(True)
 

@@ -486,8 +486,6 @@ def test_close_is_called_once_after_cancel():
     assert closes == {"forever": 1}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: JobCoordinator.start() does not close the "
-                                       "processors already init()-ed when a later init() fails")
 def test_close_is_called_on_initialized_processors_when_another_init_fails():
     closes: dict = {}
 

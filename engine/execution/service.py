@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable
 
 from .tasklet import DONE_STATE, NO_PROGRESS, ProcessorTasklet
 
@@ -25,8 +25,9 @@ class Execution:
     """The tasklets of one job on this member, and how their run ended."""
 
     def __init__(self, name: str, tasklets: list[ProcessorTasklet],
-                 on_end: Callable[["Execution"], None]) -> None:
+                 on_end: Callable[["Execution"], None], snapshot: Any = None) -> None:
         self.name = name
+        self.snapshot = snapshot
         self.tasklets = tasklets
         self._on_end = on_end
         self._remaining = len(tasklets)
@@ -53,6 +54,8 @@ class Execution:
             log.warning("processor %s failed in close(): %r", tasklet.name, e)
             if self.error is None and not self.cancelled:
                 self.fail(tasklet, e)
+        if self.snapshot is not None:
+            self.snapshot.tasklet_ended(tasklet)
         with self._lock:
             self._remaining -= 1
             last = self._remaining == 0
@@ -198,7 +201,3 @@ class ExecutionService:
         self.shut_down = True
         for w in self._workers:
             w.wakeup.set()
-
-    @staticmethod
-    def all_tasklets(executions: Iterable[Execution]) -> list[ProcessorTasklet]:
-        return [t for e in executions for t in e.tasklets]

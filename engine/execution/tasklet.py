@@ -23,7 +23,7 @@ __all__ = ["ProcessorTasklet", "NO_PROGRESS", "MADE_PROGRESS", "DONE_STATE"]
 
 NO_PROGRESS, MADE_PROGRESS, DONE_STATE = 0, 1, 2
 
-_PROCESS, _SAVE_SNAPSHOT, _COMPLETE, _EMIT_DONE, _END = range(5)
+_PROCESS, _SAVE_SNAPSHOT, _COMPLETE, _SAVE_FINAL, _EMIT_DONE, _END = range(6)
 
 DRAIN_LIMIT = 8192  # items moved into the inbox per call: bounds a call to about a millisecond
 
@@ -80,6 +80,8 @@ class ProcessorTasklet:
             progress = self._complete()
         elif state == _SAVE_SNAPSHOT:
             progress = self._save_snapshot()
+        elif state == _SAVE_FINAL:
+            progress = self._save_final()
         elif state == _EMIT_DONE:
             self.outbox.offer_control(DONE)
             self._state = _END
@@ -114,7 +116,7 @@ class ProcessorTasklet:
             self._pending_complete_edge.pop(0)
             progress = True
         if self._barrier_ready():
-            self._saving_id = self._last_snapshot_id + 1
+            self._saving_id = self.snapshot.requested_id  # type: ignore[union-attr]
             self._state = _SAVE_SNAPSHOT
             return True
         if self._group >= len(self._groups):
@@ -157,8 +159,8 @@ class ProcessorTasklet:
         snap = self.snapshot
         if snap is None or not self._groups:
             return False
-        sid = self._last_snapshot_id + 1
-        if snap.requested_id < sid:
+        sid = snap.requested_id
+        if sid <= self._last_snapshot_id:
             return False
         streams = [s for g in self._groups for s in g]
         if all(s.is_done for s in streams):
@@ -169,13 +171,22 @@ class ProcessorTasklet:
         snap = self.snapshot
         if snap is not None and not self._groups and snap.requested_id > self._last_snapshot_id:
             # a source takes part in a snapshot between two calls of complete()
-            self._saving_id = self._last_snapshot_id + 1
+            self._saving_id = snap.requested_id
             self._state = _SAVE_SNAPSHOT
             return True
         if self.processor.complete():
-            self._state = _EMIT_DONE
+            self._state = _EMIT_DONE if snap is None else _SAVE_FINAL
             return True
         return False
+
+    def _save_final(self) -> bool:
+        done = self.processor.save_to_snapshot()
+        entries = self.outbox._take_snapshot()
+        if entries:
+            self.snapshot.store_final(self, entries)  # type: ignore[union-attr]
+        if done:
+            self._state = _EMIT_DONE
+        return True
 
     def _save_snapshot(self) -> bool:
         proc = self.processor

@@ -18,12 +18,14 @@ from typing import Any, Callable, TypeVar
 from .aggregate import AggregateOperation
 from .connector import Sink, Source
 from .transforms import (
-    AggregateTransform, CustomTransform, DistinctTransform, HashJoinTransform, MergeTransform,
-    RebalanceTransform, SinkTransform, SortTransform, SourceTransform, StatelessTransform,
-    Transform,
+    AggregateTransform, CustomTransform, DistinctTransform, HashJoinTransform,
+    MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
+    SideSinkTransform, SinkTransform, SortTransform, SourceTransform, StatelessTransform,
+    TimestampTransform, Transform, WindowAggregateTransform,
 )
 
-__all__ = ["Pipeline", "Stage", "GroupedStage", "SinkStage", "PipelineError"]
+__all__ = ["Pipeline", "Stage", "GroupedStage", "SinkStage", "PipelineError", "WindowedStage",
+           "WindowedGroupedStage"]
 
 T = TypeVar("T", bound=Transform)
 
@@ -150,6 +152,102 @@ class Stage(_StageBase):
         check_fn(fn, "flat_map()")
         return self._next(StatelessTransform(self.transform, "flat_map", fn), "flat-map")
 
+
+    # --- event time -----------------------------------------------------------------------
+
+    @property
+    def has_timestamps(self) -> bool:
+        """Whether the items of this stage carry event timestamps (windows need them)."""
+        return self.timestamp_fn is not None
+
+    def with_timestamps(self, timestamp_fn: Callable[[Any], int], allowed_lag: int, *,
+                        policy: Any = "limiting_lag", idle_timeout: int = 60_000,
+                        bad_events_to: Sink | None = None) -> "Stage":
+        """Gives each item the event timestamp ``timestamp_fn(item)`` (an int, milliseconds
+        by convention) and starts watermarks that allow events to be ``allowed_lag`` behind
+        the newest one.
+
+        ``policy``: "limiting_lag" (watermark = highest timestamp - lag, the default),
+        "limiting_real_time_lag" (wall clock - lag) or a ``WatermarkPolicy`` factory.
+        ``idle_timeout``: ms of wall-clock time without items after which a processor's input
+        counts as idle, so that it does not hold the watermark back (0: never).
+        ``bad_events_to``: a sink for the items whose timestamp cannot be read (otherwise
+        such an item fails the job).
+        """
+        check_fn(timestamp_fn, f"with_timestamps() after stage {self.name!r}")
+        return self._timestamps(timestamp_fn, allowed_lag, policy, idle_timeout,
+                                bad_events_to, "with_timestamps()")
+
+    def with_native_timestamps(self, allowed_lag: int, *, policy: Any = "limiting_lag",
+                               idle_timeout: int = 60_000) -> "Stage":
+        """Uses the timestamps the source gives its items (see ``with_timestamps``)."""
+        if self.native_timestamp_fn is None or not isinstance(self.transform,
+                                                              SourceTransform):
+            raise PipelineError(
+                f"with_native_timestamps() after stage {self.name!r}: the stage has no native "
+                "timestamps (only a source that assigns times to its items has them, called "
+                "directly on the source stage); use with_timestamps(timestamp_fn, "
+                "allowed_lag) instead")
+        from .event_time import native_pair_timestamp
+        fn = self.native_timestamp_fn
+        native_pairs = fn is native_pair_timestamp
+        return self._timestamps(None if native_pairs else fn, allowed_lag, policy,
+                                idle_timeout, None, "with_native_timestamps()",
+                                native=native_pairs)
+
+    def _timestamps(self, fn: Any, allowed_lag: int, policy: Any, idle_timeout: int,
+                    bad_sink: Any, where: str, native: bool = False) -> "Stage":
+        from ..watermark_policy import WatermarkPolicy
+        where = f"{where} after stage {self.name!r}"
+        try:
+            if policy == "limiting_lag":
+                factory = WatermarkPolicy.limiting_lag(allowed_lag)
+            elif policy == "limiting_real_time_lag":
+                factory = WatermarkPolicy.limiting_real_time_lag(allowed_lag)
+            elif callable(policy) and not isinstance(policy, str):
+                factory = policy
+            else:
+                raise PipelineError(
+                    f"unknown watermark policy {policy!r}: use 'limiting_lag', "
+                    "'limiting_real_time_lag' or a WatermarkPolicy factory")
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{where}: {e}") from None
+        if isinstance(idle_timeout, bool) or not isinstance(idle_timeout, int) \
+                or idle_timeout < 0:
+            raise ValueError(f"{where}: idle_timeout must be a non-negative int (ms), got "
+                             f"{idle_timeout!r}")
+        if bad_sink is not None and not isinstance(bad_sink, Sink):
+            raise TypeError(f"{where}: bad_events_to expects a Sink, got "
+                            f"{type(bad_sink).__qualname__}")
+        t = TimestampTransform(self.transform, fn, factory, idle_timeout, native)
+        self.pipeline._add(t, "timestamps")
+        if bad_sink is not None:
+            t.side_sink = bad_sink
+            self.pipeline._add(SideSinkTransform(t, bad_sink), bad_sink.name)
+        return Stage(self.pipeline, t, is_stream=self.is_stream,
+                     timestamp_fn=fn or _pair_timestamp, native_timestamp_fn=None)
+
+    def window(self, wdef: Any) -> "WindowedStage":
+        """Windows over event time (``WindowDefinition.tumbling/sliding/session``): follow
+        with ``group_by(key_fn).aggregate(op)`` or a keyless ``aggregate(op)``."""
+        _check_window(self, wdef)
+        return WindowedStage(self, wdef)
+
+    def rolling_aggregate(self, op: AggregateOperation) -> "Stage":
+        """The running result of ``op`` over every item so far, emitted for each item."""
+        _check_op(op, "rolling_aggregate()")
+        return self._next(RollingAggregateTransform(self.transform, op, None),
+                          "rolling-aggregate")
+
+    def map_stateful(self, create_fn: Callable[[], Any],
+                     map_fn: Callable[[Any, Any], Any]) -> "Stage":
+        """``map_fn(state, item)`` with one state object (``create_fn()``) for the whole
+        stream, on one processor; a None result emits nothing."""
+        check_fn(create_fn, "map_stateful() create_fn")
+        check_fn(map_fn, "map_stateful() map_fn")
+        return self._next(MapStatefulTransform(self.transform, create_fn, map_fn, None, None,
+                                                None), "map-stateful")
+
     # --- keyed and aggregating -------------------------------------------------------------
 
     def group_by(self, key_fn: Callable[[Any], Any]) -> "GroupedStage":
@@ -165,7 +263,8 @@ class Stage(_StageBase):
 
     def distinct(self) -> "Stage":
         """Each distinct item once (the first seen)."""
-        return self._next(DistinctTransform(self.transform, None), "distinct")
+        return self._next(DistinctTransform(self.transform, None), "distinct",
+                          keeps_timestamps=False)
 
     def sort(self, key: Callable[[Any], Any] | None = None, reverse: bool = False) -> "Stage":
         """Every item in order (batch only): ``key`` and ``reverse`` as in ``sorted``."""
@@ -213,7 +312,7 @@ class Stage(_StageBase):
             check_fn(fn, f"hash_join() {what}")
         t = HashJoinTransform(self.transform, build.transform, key_fn, build_key_fn,
                               build_value_fn, join_fn, bool(outer))
-        return self._next(t, "hash-join")
+        return self._next(t, "hash-join", keeps_timestamps=False)
 
     def custom_transform(self, name: str, processor_supplier: Any) -> "Stage":
         """A stage made of your own processors (the core API): ``processor_supplier`` is a
@@ -222,7 +321,8 @@ class Stage(_StageBase):
             raise ValueError(f"custom_transform() needs a non-empty name, got {name!r}")
         from ..meta_supplier import as_meta_supplier
         as_meta_supplier(processor_supplier, f"custom_transform({name!r})")
-        return self._next(CustomTransform(self.transform, processor_supplier), name)
+        return self._next(CustomTransform(self.transform, processor_supplier), name,
+                          keeps_timestamps=False)
 
     def write_to(self, sink: Sink) -> "SinkStage":
         """Ends the branch in ``sink`` (see ``jetwake.Sinks``)."""
@@ -253,10 +353,53 @@ class GroupedStage:
         return self.stage._next(AggregateTransform(self.stage.transform, op, self.key_fn),
                                 "aggregate", keeps_timestamps=False)
 
+    def window(self, wdef: Any) -> "WindowedGroupedStage":
+        """Windows over event time, per key (Jet's order: ``group_by(k).window(w)``)."""
+        _check_window(self.stage, wdef)
+        return WindowedGroupedStage(WindowedStage(self.stage, wdef), self.key_fn)
+
+    def rolling_aggregate(self, op: AggregateOperation) -> Stage:
+        """``(key, result so far)`` for every item, the result of ``op`` over the key's items."""
+        _check_op(op, "group_by().rolling_aggregate()")
+        return self.stage._next(RollingAggregateTransform(self.stage.transform, op,
+                                                          self.key_fn), "rolling-aggregate")
+
+    def map_stateful(self, create_fn: Callable[[], Any],
+                     map_fn: Callable[[Any, Any, Any], Any], ttl: int | None = None,
+                     on_evict: Callable[..., Any] | None = None) -> Stage:
+        """``map_fn(state, key, item)`` with one state object per key, made by
+        ``create_fn()`` and changed in place; a None result emits nothing.
+
+        ``ttl`` (event time, needs timestamps): a key's state is dropped when the watermark
+        passes its last event's time + ``ttl``, after ``on_evict(state, key, watermark)``,
+        whose result (unless None) is emitted. State must be msgpack-able (it is saved in
+        snapshots).
+        """
+        where = f"group_by().map_stateful() after stage {self.stage.name!r}"
+        check_fn(create_fn, f"{where}: create_fn")
+        check_fn(map_fn, f"{where}: map_fn")
+        if on_evict is not None:
+            check_fn(on_evict, f"{where}: on_evict")
+        if ttl is not None:
+            if isinstance(ttl, bool) or not isinstance(ttl, int):
+                raise TypeError(f"{where}: ttl must be an int (ms of event time), got "
+                                f"{type(ttl).__qualname__}")
+            if ttl <= 0:
+                raise PipelineError(f"{where}: ttl must be positive, got {ttl}")
+            if not self.stage.has_timestamps:
+                raise PipelineError(
+                    f"{where}: a ttl is measured in event time, but stage "
+                    f"{self.stage.name!r} has no timestamps; call with_timestamps() first")
+        elif on_evict is not None:
+            raise PipelineError(f"{where}: on_evict needs a ttl")
+        return self.stage._next(MapStatefulTransform(self.stage.transform, create_fn, map_fn,
+                                                     self.key_fn, ttl, on_evict),
+                                "map-stateful")
+
     def distinct(self) -> Stage:
         """The first item of each key."""
         return self.stage._next(DistinctTransform(self.stage.transform, self.key_fn),
-                                "distinct")
+                                "distinct", keeps_timestamps=False)
 
 
 class SinkStage(_StageBase):
@@ -268,6 +411,162 @@ class SinkStage(_StageBase):
         raise PipelineError(
             f"cannot call {attr}() on sink stage {self.transform.name!r}: write_to() ends a "
             "branch; to write one stage to several sinks call write_to() on that stage again")
+
+
+class WindowedStage:
+    """A stage with a window definition: ``group_by(key_fn)`` or a keyless ``aggregate``."""
+
+    def __init__(self, stage: Stage, wdef: Any) -> None:
+        self.stage = stage
+        self.wdef = wdef
+        self.late_sink: Sink | None = None
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self.stage.pipeline
+
+    def late_events_to(self, sink: Sink) -> "WindowedStage":
+        """Sends late events (behind the watermark, for windows already emitted) to ``sink``
+        instead of dropping them; they are counted in the ``late_events`` metric either way."""
+        if not isinstance(sink, Sink):
+            raise TypeError(f"late_events_to() expects a Sink (from jetwake.Sinks), got "
+                            f"{type(sink).__qualname__}")
+        self.late_sink = sink
+        return self
+
+    def group_by(self, key_fn: Callable[[Any], Any]) -> "WindowedGroupedStage":
+        check_fn(key_fn, "window().group_by()")
+        return WindowedGroupedStage(self, key_fn)
+
+    def aggregate(self, op: AggregateOperation) -> Stage:
+        """One ``WindowResult(start, end, result)`` per window."""
+        _check_op(op, "window().aggregate()")
+        return _window_stage(self, [self.stage], [op], None, "window-aggregate")
+
+    def aggregate2(self, *args: Any) -> Stage:
+        """Co-aggregates this stage and another in the same windows:
+        ``aggregate2(other, op0, op1)`` or ``aggregate2(op0, other, op1)``; the result is the
+        tuple ``(result0, result1)``."""
+        other, op0, op1 = _aggregate2_args(args, "window().aggregate2()")
+        other_stage = other.stage if isinstance(other, WindowedStage) else other
+        if not isinstance(other_stage, Stage):
+            raise TypeError(f"window().aggregate2() expects a stage to co-aggregate with, got "
+                            f"{type(other).__qualname__}")
+        return _window_stage(self, [self.stage, other_stage], [op0, op1], None,
+                             "window-aggregate2")
+
+
+class WindowedGroupedStage:
+    """A windowed stage grouped by key: ``aggregate``, ``aggregate2`` or ``join``."""
+
+    def __init__(self, windowed: WindowedStage, key_fn: Callable[[Any], Any]) -> None:
+        self.windowed = windowed
+        self.key_fn = key_fn
+
+    @property
+    def stage(self) -> Stage:
+        return self.windowed.stage
+
+    def late_events_to(self, sink: Sink) -> "WindowedGroupedStage":
+        """See :meth:`WindowedStage.late_events_to`."""
+        self.windowed.late_events_to(sink)
+        return self
+
+    def aggregate(self, op: AggregateOperation) -> Stage:
+        """One ``KeyedWindowResult(start, end, key, result)`` per window and key."""
+        _check_op(op, "window().group_by().aggregate()")
+        return _window_stage(self.windowed, [self.stage], [op], [self.key_fn],
+                             "window-aggregate")
+
+    def aggregate2(self, *args: Any) -> Stage:
+        """Co-aggregates with another grouped stage in the same windows and keys:
+        ``aggregate2(other, op0, op1)`` or ``aggregate2(op0, other, op1)``, ``other`` from
+        ``stage.group_by(key_fn)``; the result is the tuple ``(result0, result1)``."""
+        other, op0, op1 = _aggregate2_args(args, "window().group_by().aggregate2()")
+        stage, key_fn = _grouped_other(other, "aggregate2()")
+        return _window_stage(self.windowed, [self.stage, stage], [op0, op1],
+                             [self.key_fn, key_fn], "window-aggregate2")
+
+    def join(self, other: Any,
+             join_fn: Callable[[Any, Any], Any] = lambda left, right: (left, right)) -> Stage:
+        """A windowed stream-to-stream inner join: for each window and key, one
+        ``KeyedWindowResult(start, end, key, join_fn(left, right))`` per pair of a left item
+        and a right item (``other`` from ``stage.group_by(key_fn)``); None results are
+        dropped."""
+        check_fn(join_fn, "window().group_by().join() join_fn")
+        stage, key_fn = _grouped_other(other, "join()")
+        from .aggregate import AggregateOperations
+        from .event_time import window_join_flattener
+        return _window_stage(self.windowed, [self.stage, stage],
+                             [AggregateOperations.to_list(), AggregateOperations.to_list()],
+                             [self.key_fn, key_fn], "window-join",
+                             post=window_join_flattener(join_fn))
+
+
+def _aggregate2_args(args: tuple, where: str) -> tuple[Any, AggregateOperation,
+                                                        AggregateOperation]:
+    if len(args) == 3 and isinstance(args[0], AggregateOperation):
+        op0, other, op1 = args
+    elif len(args) in (2, 3) and not isinstance(args[0], AggregateOperation):
+        other, op0 = args[0], args[1]
+        op1 = args[2] if len(args) == 3 else op0
+    else:
+        raise TypeError(f"{where} expects (other, op0, op1) or (op0, other, op1)")
+    _check_op(op0, where)
+    _check_op(op1, where)
+    return other, op0, op1
+
+
+def _grouped_other(other: Any, where: str) -> tuple[Stage, Callable[[Any], Any]]:
+    if isinstance(other, WindowedGroupedStage):
+        return other.stage, other.key_fn
+    if isinstance(other, GroupedStage):
+        return other.stage, other.key_fn
+    raise TypeError(f"{where} expects the other side grouped by key "
+                    f"(other_stage.group_by(key_fn)), got {type(other).__qualname__}")
+
+
+def _check_window(stage: Stage, wdef: Any) -> None:
+    from .window_definition import WindowDefinition
+    if not isinstance(wdef, WindowDefinition):
+        raise TypeError(f"window() after stage {stage.name!r} expects a WindowDefinition "
+                        f"(WindowDefinition.tumbling/sliding/session), got "
+                        f"{type(wdef).__qualname__}")
+    if not stage.has_timestamps:
+        raise PipelineError(
+            f"window() after stage {stage.name!r}: the stage has no timestamps; call "
+            "with_timestamps(timestamp_fn, allowed_lag) (or with_native_timestamps(lag) on a "
+            "source with native timestamps) before windowing")
+
+
+def _window_stage(windowed: WindowedStage, stages: list[Stage], ops: list[AggregateOperation],
+                  key_fns: list | None, base_name: str, post: Any = None) -> Stage:
+    first = stages[0]
+    wdef = windowed.wdef
+    for s in stages[1:]:
+        first._check_same_pipeline(s, f"{base_name}()")
+        if not s.has_timestamps:
+            raise PipelineError(
+                f"{base_name}(): stage {s.name!r} has no timestamps; call with_timestamps() "
+                "on it before windowing it")
+    if len(stages) > 1 and not all(op.can_combine for op in ops):
+        raise PipelineError(f"{base_name}() after stage {first.name!r}: co-aggregation needs "
+                            "operations that can combine")
+    if wdef.is_session and not all(op.can_combine for op in ops):
+        raise PipelineError(
+            f"{base_name}() after stage {first.name!r}: session windows merge sessions, which "
+            "needs an aggregate operation with combine")
+    t = WindowAggregateTransform([s.transform for s in stages], wdef, list(ops), key_fns, post)
+    pipeline = first.pipeline
+    pipeline._add(t, base_name)
+    if windowed.late_sink is not None:
+        t.side_sink = windowed.late_sink
+        pipeline._add(SideSinkTransform(t, windowed.late_sink), windowed.late_sink.name)
+    return Stage(pipeline, t, is_stream=any(s.is_stream for s in stages), timestamp_fn=None)
+
+
+def _pair_timestamp(pair: Any) -> int:
+    return pair[0]
 
 
 def _check_op(op: Any, where: str) -> None:

@@ -10,6 +10,7 @@ edge (seed 003); a keyless one joins them with an all-to-one edge; an operation 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import gcd
 from operator import itemgetter
 from typing import Any, Callable
 
@@ -17,14 +18,24 @@ from ..dag import DAG, Edge, Vertex
 from ..processors.aggregation import AccumulateProcessor, AggregateProcessor, CombineProcessor
 from ..processors.distinct import DistinctProcessor
 from ..processors.hash_join import HashJoinProcessor
+from ..processors.insert_watermarks import InsertWatermarksProcessor
+from ..processors.map_stateful import MapStatefulProcessor
 from ..processors.pass_through import PassThroughProcessor
+from ..processors.rolling_aggregate import RollingAggregateProcessor
+from ..processors.session_window import SessionWindowProcessor
+from ..processors.sliding_window import (
+    FrameAccumulateProcessor, SlidingWindowProcessor, WindowCombineProcessor,
+    composite_operation,
+)
 from ..processors.sort import MergeSortedProcessor, SortProcessor
+from .event_time import native_pair_timestamp, unwrap, wrapped_step
 from .fusion import StatelessOp, compile_chain
 from .pipeline import Pipeline, PipelineError
 from .transforms import (
-    AggregateTransform, CustomTransform, DistinctTransform, HashJoinTransform, MergeTransform,
-    RebalanceTransform, SinkTransform, SortTransform, SourceTransform, StatelessTransform,
-    Transform,
+    AggregateTransform, CustomTransform, DistinctTransform, HashJoinTransform,
+    MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
+    SideSinkTransform, SinkTransform, SortTransform, SourceTransform, StatelessTransform,
+    TimestampTransform, Transform, WindowAggregateTransform,
 )
 
 __all__ = ["Planner"]
@@ -37,6 +48,8 @@ class _Output:
     """Where a stage's items come from: a vertex, plus stateless stages not yet applied."""
     vertex: Vertex
     chain: tuple[StatelessOp, ...] = ()
+    # routing the next stage's inbound edge must use (set by rebalance)
+    routing: Callable[[Edge], Edge] | None = None
 
 
 class Planner:
@@ -47,6 +60,8 @@ class Planner:
         self.outputs: dict[int, _Output] = {}
         self._next_out_ordinal: dict[str, int] = {}
         self._next_in_ordinal: dict[str, int] = {}
+        # transforms whose output items are (timestamp, item) pairs
+        self.wrapped: set[int] = set()
 
     def build(self) -> DAG:
         transforms = self.pipeline.transforms
@@ -67,8 +82,14 @@ class Planner:
         return self.dag.new_vertex(name, processor, parallelism)
 
     def _connect(self, t: Transform, upstream: Transform, dest: Vertex,
-                 configure: Callable[[Edge], Edge] = lambda e: e, priority: int = 0) -> Edge:
+                 configure: Callable[[Edge], Edge] = lambda e: e, priority: int = 0,
+                 wrapped_input: bool = False) -> Edge:
+        """Connects ``upstream``'s output to ``dest``. ``wrapped_input``: ``dest`` takes the
+        (timestamp, item) pairs of a stage with timestamps; otherwise pairs are unwrapped on
+        the edge."""
         out = self.outputs[id(upstream)]
+        if id(upstream) in self.wrapped and not wrapped_input:
+            out = _Output(out.vertex, out.chain + (("chunk", unwrap),))
         src = out.vertex
         if any(e.source is src and e.destination is dest for e in self.dag.edges):
             # a second edge between the same pair (a self-merge or self-join) is not allowed:
@@ -78,6 +99,9 @@ class Planner:
             src, chain = hop, ()
         else:
             chain = out.chain
+        if out.routing is not None:
+            routing, inner = out.routing, configure
+            configure = lambda e: inner(routing(e))  # noqa: E731 - the stage's own routing wins
         edge = self._edge(src, dest, chain, configure)
         edge.priority(priority)
         return edge
@@ -88,7 +112,7 @@ class Planner:
         self._next_out_ordinal[src.name] = so + 1
         self._next_in_ordinal[dest.name] = do + 1
         edge = configure(Edge(src, so, dest, do))
-        edge.transform = compile_chain(chain)
+        edge.transform = _compile(chain)
         self.dag.edge(edge)
         return edge
 
@@ -101,17 +125,23 @@ class Planner:
         v = self.dag.new_vertex(t.name, t.source.meta_supplier,
                                 t.local_parallelism if t.explicit_parallelism else -1)
         self._set(t, v)
+        if t.source.timestamp_fn is native_pair_timestamp:
+            self.wrapped.add(id(t))
 
     def _plan_StatelessTransform(self, t: StatelessTransform) -> None:
-        out = self.outputs[id(t.upstream[0])]
-        chain = out.chain + ((t.op, t.fn),)
+        up = t.upstream[0]
+        out = self.outputs[id(up)]
+        wrapped = id(up) in self.wrapped
+        op: StatelessOp = ("chunk", wrapped_step(t.op, t.fn)) if wrapped else (t.op, t.fn)
+        if wrapped:
+            self.wrapped.add(id(t))
         if t.explicit_parallelism:
             # the user asked for this stage's own parallelism: give it its own vertex
             v = self._vertex(t.name, PassThroughProcessor, t)
-            self._connect(t, t.upstream[0], v)
-            self.outputs[id(t)] = _Output(v, ((t.op, t.fn),))
+            self._connect(t, up, v, wrapped_input=wrapped)
+            self.outputs[id(t)] = _Output(v, (op,))
             return
-        self.outputs[id(t)] = _Output(out.vertex, chain)
+        self.outputs[id(t)] = _Output(out.vertex, out.chain + (op,))
 
     def _plan_AggregateTransform(self, t: AggregateTransform) -> None:
         op, key_fn = t.op, t.key_fn
@@ -151,19 +181,23 @@ class Planner:
         self._set(t, merge)
 
     def _plan_RebalanceTransform(self, t: RebalanceTransform) -> None:
+        # no vertex: the next stage's inbound edge becomes distributed (and partitioned)
+        out = self.outputs[id(t.upstream[0])]
         key_fn = t.key_fn
-        v = self._vertex(t.name, PassThroughProcessor, t)
         if key_fn is None:
-            self._connect(t, t.upstream[0], v, lambda e: e.distributed())
+            routing = lambda e: e.distributed().unicast()  # noqa: E731
         else:
-            self._connect(t, t.upstream[0], v, lambda e: e.distributed().partitioned(key_fn))
-        self._set(t, v)
+            routing = lambda e: e.distributed().partitioned(key_fn)  # noqa: E731
+        self.outputs[id(t)] = _Output(out.vertex, out.chain, routing)
 
     def _plan_MergeTransform(self, t: MergeTransform) -> None:
         v = self._vertex(t.name, PassThroughProcessor, t)
+        wrapped = all(id(up) in self.wrapped for up in t.upstream)
         for up in t.upstream:
-            self._connect(t, up, v)
+            self._connect(t, up, v, wrapped_input=wrapped)
         self._set(t, v)
+        if wrapped:
+            self.wrapped.add(id(t))
 
     def _plan_HashJoinTransform(self, t: HashJoinTransform) -> None:
         args = (t.key_fn, t.build_key_fn, t.build_value_fn, t.join_fn, t.outer)
@@ -186,6 +220,168 @@ class Planner:
         else:
             self._connect(t, t.upstream[0], v, lambda e: e.distributed().partitioned(key_fn))
         self._set(t, v)
+
+
+    # --- event time ----------------------------------------------------------------------
+
+    def _resolved_parallelism(self, v: Vertex) -> int:
+        n = v.local_parallelism
+        if n < 1:
+            n = v.meta_supplier.preferred_local_parallelism()
+        return n if n >= 1 else self.default_parallelism
+
+    def _side_sink(self, owner: Transform, v: Vertex) -> None:
+        """Wires ``owner``'s side-output sink to output ordinal 0 of ``v`` (call this before
+        any other outbound edge of ``v`` is made)."""
+        sink_t = next(x for x in self.pipeline.transforms
+                      if isinstance(x, SideSinkTransform) and x.upstream[0] is owner)
+        sv = self._vertex(sink_t.name, sink_t.sink.meta_supplier, sink_t)
+        key_fn = sink_t.sink.partition_key_fn
+        self._edge(v, sv, (), (lambda e: e.distributed().partitioned(key_fn))
+                   if key_fn is not None else (lambda e: e))
+        self._set(sink_t, sv)
+
+    def _watermark_step(self, t: TimestampTransform) -> int:
+        """The throttling step of ``t``'s watermarks: the gcd of the frame sizes (or session
+        gaps) of the windows downstream; 0 when none (a watermark per chunk of items)."""
+        downstream: dict[int, list[Transform]] = {}
+        for x in self.pipeline.transforms:
+            for up in x.upstream:
+                downstream.setdefault(id(up), []).append(x)
+        step = 0
+        seen: set[int] = set()
+        todo = [t]
+        while todo:
+            x = todo.pop()
+            for d in downstream.get(id(x), ()):
+                if id(d) in seen or isinstance(d, TimestampTransform):
+                    continue
+                seen.add(id(d))
+                if isinstance(d, WindowAggregateTransform):
+                    w = d.wdef
+                    step = gcd(step, w.gap if w.is_session else w.slide)
+                todo.append(d)
+        return step
+
+    def _plan_TimestampTransform(self, t: TimestampTransform) -> None:
+        up = t.upstream[0]
+        up_vertex = self.outputs[id(up)].vertex
+        n = self._resolved_parallelism(up_vertex)
+        if up_vertex.local_parallelism < 1:
+            up_vertex.set_local_parallelism(n)  # the value it resolves to anyway
+        ts_fn, factory, idle, step = t.timestamp_fn, t.policy_factory, t.idle_timeout, \
+            self._watermark_step(t)
+        side = t.side_sink is not None
+        name = t.name
+        v = self.dag.new_vertex(name, lambda: InsertWatermarksProcessor(
+            name, ts_fn, factory, step, idle, side), n)
+        if side:
+            self._side_sink(t, v)
+        # one watermark inserter per upstream processor, so each sees one ordered stream
+        self._connect(t, up, v, lambda e: e.isolated(), wrapped_input=ts_fn is None)
+        self._set(t, v)
+        self.wrapped.add(id(t))
+
+    def _plan_SideSinkTransform(self, t: SideSinkTransform) -> None:
+        pass  # wired by the transform that owns the side output
+
+    def _plan_WindowAggregateTransform(self, t: WindowAggregateTransform) -> None:
+        for up in t.upstream:
+            if id(up) not in self.wrapped:
+                raise PipelineError(f"stage {t.name!r}: its input {up.name!r} has no "
+                                    "timestamps; call with_timestamps() before windowing")
+        wdef, ops, key_fns, name = t.wdef, t.ops, t.key_fns, t.name
+        keyed = key_fns is not None
+        side = t.side_sink is not None
+        chain: tuple = (("flat_map", t.post),) if t.post is not None else ()
+        if not wdef.is_session and all(op.can_combine for op in ops):
+            kfs = list(key_fns) if keyed else [None] * len(ops)
+            acc = self._vertex(f"{name}-accumulate", lambda: FrameAccumulateProcessor(
+                name, wdef, ops, kfs, side), t)
+            if side:
+                self._side_sink(t, acc)
+            for up in t.upstream:
+                self._connect(t, up, acc, wrapped_input=True)
+            op = ops[0] if len(ops) == 1 else composite_operation(ops)
+            comb = self._vertex(name, lambda: WindowCombineProcessor(name, wdef, op, keyed), t,
+                                -1 if keyed else 1)
+            if keyed:
+                self._edge(acc, comb, (), lambda e: e.distributed().partitioned(_first))
+            else:
+                self._edge(acc, comb, (), lambda e: e.distributed().all_to_one())
+            self._set(t, comb, chain)
+            return
+        if len(ops) != 1:
+            raise PipelineError(f"stage {name!r}: co-aggregation of session windows is not "
+                                "supported; use sliding or tumbling windows")
+        op = ops[0]
+        key_fn = key_fns[0] if keyed else None
+        cls = SessionWindowProcessor if wdef.is_session else SlidingWindowProcessor
+        v = self._vertex(name, lambda: cls(name, wdef, op, key_fn, side), t,
+                         -1 if keyed else 1)
+        if side:
+            self._side_sink(t, v)
+        if keyed:
+            kf = _on_item(key_fn)
+            self._connect(t, t.upstream[0], v, lambda e: e.distributed().partitioned(kf),
+                          wrapped_input=True)
+        else:
+            self._connect(t, t.upstream[0], v, lambda e: e.distributed().all_to_one(),
+                          wrapped_input=True)
+        self._set(t, v, chain)
+
+    def _keyed_vertex(self, t: Transform, key_fn: Any, factory: Any) -> None:
+        wrapped = id(t.upstream[0]) in self.wrapped
+        if key_fn is None:
+            v = self._vertex(t.name, factory, t, 1)
+            self._connect(t, t.upstream[0], v, lambda e: e.distributed().all_to_one(),
+                          wrapped_input=wrapped)
+        else:
+            v = self._vertex(t.name, factory, t)
+            kf = _on_item(key_fn) if wrapped else key_fn
+            self._connect(t, t.upstream[0], v, lambda e: e.distributed().partitioned(kf),
+                          wrapped_input=wrapped)
+        self._set(t, v)
+        if wrapped:
+            self.wrapped.add(id(t))
+
+    def _plan_RollingAggregateTransform(self, t: RollingAggregateTransform) -> None:
+        wrapped = id(t.upstream[0]) in self.wrapped
+        name, op, key_fn = t.name, t.op, t.key_fn
+        self._keyed_vertex(t, key_fn,
+                           lambda: RollingAggregateProcessor(name, op, key_fn, wrapped))
+
+    def _plan_MapStatefulTransform(self, t: MapStatefulTransform) -> None:
+        wrapped = id(t.upstream[0]) in self.wrapped
+        if t.ttl is not None and not wrapped:
+            raise PipelineError(f"stage {t.name!r}: a ttl needs timestamps on its input")
+        name, create_fn, map_fn, key_fn, ttl, on_evict = (
+            t.name, t.create_fn, t.map_fn, t.key_fn, t.ttl, t.on_evict)
+        self._keyed_vertex(t, key_fn, lambda: MapStatefulProcessor(
+            name, create_fn, map_fn, key_fn, wrapped, ttl, on_evict))
+
+
+def _on_item(key_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A key function over (timestamp, item) pairs."""
+    return lambda pair: key_fn(pair[1])
+
+
+def _compile(chain: tuple) -> Callable[[list], list] | None:
+    """Like ``fusion.compile_chain``, plus ("chunk", fn) steps that are list -> list already."""
+    if not chain:
+        return None
+    steps = [fn if kind == "chunk" else compile_chain([(kind, fn)]) for kind, fn in chain]
+    if len(steps) == 1:
+        return steps[0]
+
+    def fused(items: list) -> list:
+        for step in steps:
+            if not items:
+                break
+            items = step(items)
+        return items
+
+    return fused
 
 
 def _identity(x: Any) -> Any:

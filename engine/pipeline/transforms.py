@@ -14,7 +14,9 @@ from .connector import Sink, Source
 __all__ = [
     "Transform", "SourceTransform", "StatelessTransform", "AggregateTransform",
     "DistinctTransform", "SortTransform", "RebalanceTransform", "MergeTransform",
-    "HashJoinTransform", "CustomTransform", "SinkTransform",
+    "HashJoinTransform", "CustomTransform", "SinkTransform", "TimestampTransform",
+    "WindowAggregateTransform", "RollingAggregateTransform", "MapStatefulTransform",
+    "SideSinkTransform",
 ]
 
 
@@ -115,3 +117,67 @@ class SinkTransform(Transform):
     def __init__(self, upstream: Transform, sink: Sink) -> None:
         super().__init__([upstream])
         self.sink = sink
+
+
+# --- event time ------------------------------------------------------------------------------
+
+class TimestampTransform(Transform):
+    """Assigns event timestamps and inserts watermarks (``with_timestamps``)."""
+
+    kind = "timestamps"
+
+    def __init__(self, upstream: Transform, timestamp_fn: Callable[[Any], int] | None,
+                 policy_factory: Any, idle_timeout: int, native: bool) -> None:
+        super().__init__([upstream])
+        self.timestamp_fn = timestamp_fn  # None: the source emits (ts, item) pairs
+        self.policy_factory = policy_factory
+        self.idle_timeout = idle_timeout
+        self.native = native
+        self.side_sink: Sink | None = None  # events without a readable timestamp
+
+
+class WindowAggregateTransform(Transform):
+    """A windowed aggregation of one or more inputs (``aggregate`` / ``aggregate2``)."""
+
+    kind = "window-aggregate"
+
+    def __init__(self, upstream: list[Transform], wdef: Any, ops: list[AggregateOperation],
+                 key_fns: list[Callable[[Any], Any]] | None,
+                 post: Callable[[Any], Any] | None = None) -> None:
+        super().__init__(upstream)
+        self.wdef = wdef
+        self.ops = ops
+        self.key_fns = key_fns  # None: keyless
+        self.post = post        # a flat-map over the window results (the windowed join)
+        self.side_sink: Sink | None = None  # late events
+
+
+class RollingAggregateTransform(Transform):
+    kind = "rolling-aggregate"
+
+    def __init__(self, upstream: Transform, op: AggregateOperation,
+                 key_fn: Callable[[Any], Any] | None) -> None:
+        super().__init__([upstream])
+        self.op = op
+        self.key_fn = key_fn
+
+
+class MapStatefulTransform(Transform):
+    kind = "map-stateful"
+
+    def __init__(self, upstream: Transform, create_fn: Callable[[], Any],
+                 map_fn: Callable[..., Any], key_fn: Callable[[Any], Any] | None,
+                 ttl: int | None, on_evict: Callable[..., Any] | None) -> None:
+        super().__init__([upstream])
+        self.create_fn = create_fn
+        self.map_fn = map_fn
+        self.key_fn = key_fn
+        self.ttl = ttl
+        self.on_evict = on_evict
+
+
+class SideSinkTransform(SinkTransform):
+    """A sink fed by a side output of ``owner`` (late events, unreadable timestamps); the
+    planner wires it while planning the owner."""
+
+    kind = "side-sink"

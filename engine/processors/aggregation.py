@@ -14,18 +14,54 @@ from typing import Any, Callable
 from ..chunk_emitter import ChunkEmitter
 from ..pipeline.aggregate import AggregateOperation
 from ..processor import Inbox, Processor
+from ..state_saver import StateSaver
 
 __all__ = ["AccumulateProcessor", "CombineProcessor", "AggregateProcessor"]
 
 _NO_ACC = object()
 
 
-class AccumulateProcessor(Processor):
+class _SavesAccumulators(Processor):
+    """Snapshot support shared by the aggregating processors: the accumulator table keyed by
+    the grouping key (restored to the key's owner), or the single keyless accumulator."""
+
+    table: dict
+    acc: Any
+    keyed: bool
+    _saver: StateSaver | None = None
+
+    def save_to_snapshot(self) -> bool:
+        if self._saver is None:
+            if self.keyed:
+                entries: Any = list(self.table.items())
+            else:
+                # a key unique to this processor, so exactly one processor restores it
+                entries = [] if self.acc is _NO_ACC else [
+                    (("keyless-acc", self.context.vertex_name,
+                      self.context.global_processor_index), self.acc)]
+            self._saver = StateSaver(entries)
+        if self._saver.save(self.outbox):
+            self._saver = None
+            return True
+        return False
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        combine = self.op.combine  # type: ignore[attr-defined]
+        for key, acc in inbox.drain():
+            if self.keyed:
+                mine = self.table.get(key, _NO_ACC)
+                self.table[key] = acc if mine is _NO_ACC else combine(mine, acc)
+            else:
+                self.acc = acc if self.acc is _NO_ACC else combine(self.acc, acc)
+
+
+class AccumulateProcessor(_SavesAccumulators):
     """Stage 1: items -> one accumulator per key; emits (key, acc), or acc when keyless."""
 
     def __init__(self, op: AggregateOperation, key_fn: Callable[[Any], Any] | None) -> None:
         self.op = op
         self.key_fn = key_fn
+        self.keyed = key_fn is not None
         self.table: dict = {}
         self.acc: Any = _NO_ACC
         self._emitter: ChunkEmitter | None = None
@@ -49,7 +85,7 @@ class AccumulateProcessor(Processor):
         return self._emitter.emit(self.outbox)
 
 
-class CombineProcessor(Processor):
+class CombineProcessor(_SavesAccumulators):
     """Stage 2: merges accumulators per key; emits (key, finish(acc)), or finish(acc)."""
 
     def __init__(self, op: AggregateOperation, keyed: bool) -> None:
@@ -81,25 +117,26 @@ class CombineProcessor(Processor):
         return self._emitter.emit(self.outbox)
 
 
-class AggregateProcessor(Processor):
-    """Single-stage aggregation of raw items, for operations that cannot combine."""
+class AggregateProcessor(AccumulateProcessor):
+    """Single-stage aggregation of raw items, for operations that cannot combine.
 
-    def __init__(self, op: AggregateOperation, key_fn: Callable[[Any], Any] | None) -> None:
-        self.accumulate = AccumulateProcessor(op, key_fn)
-        self.op = op
-        self.key_fn = key_fn
-        self._emitter: ChunkEmitter | None = None
-
-    def process(self, ordinal: int, inbox: Inbox) -> None:
-        self.accumulate.process(ordinal, inbox)
+    Each key's items all reach this processor, so a restore never needs to combine: a
+    snapshot entry is the key's whole accumulator.
+    """
 
     def complete(self) -> bool:
         if self._emitter is None:
             finish = self.op.finish
-            acc = self.accumulate
             if self.key_fn is None:
-                out: Any = [finish(self.op.create() if acc.acc is _NO_ACC else acc.acc)]
+                out: Any = [finish(self.op.create() if self.acc is _NO_ACC else self.acc)]
             else:
-                out = ((k, finish(a)) for k, a in acc.table.items())
+                out = ((k, finish(a)) for k, a in self.table.items())
             self._emitter = ChunkEmitter(out)
         return self._emitter.emit(self.outbox)
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        for key, acc in inbox.drain():
+            if self.keyed:
+                self.table[key] = acc
+            else:
+                self.acc = acc

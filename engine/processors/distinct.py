@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..processor import Inbox, Processor
+from ..state_saver import StateSaver
 
 __all__ = ["DistinctProcessor"]
 
@@ -27,3 +28,16 @@ class DistinctProcessor(Processor):
                 seen.add(k)
                 out.append(item)
         self.outbox.offer_chunk(-1, out)
+
+    _saver: StateSaver | None = None
+
+    def save_to_snapshot(self) -> bool:
+        if self._saver is None:
+            self._saver = StateSaver((k, True) for k in list(self.seen))
+        if self._saver.save(self.outbox):
+            self._saver = None
+            return True
+        return False
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        self.seen.update(k for k, _ in inbox.drain())

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..processor import Inbox, Processor
+from ..processor import BroadcastKey, Inbox, Processor
+from ..state_saver import StateSaver
 
 __all__ = ["HashJoinProcessor"]
 
@@ -47,3 +48,22 @@ class HashJoinProcessor(Processor):
                 if r is not None:
                     out.append(r)
         self.outbox.offer_chunk(-1, out)
+
+    _saver: StateSaver | None = None
+
+    def save_to_snapshot(self) -> bool:
+        # every processor holds the same table (the build side is broadcast): one saves it,
+        # and the restore gives it to all
+        if self.context.global_processor_index != 0:
+            return True
+        if self._saver is None:
+            self._saver = StateSaver((BroadcastKey(("hash-join", k)), v)
+                                     for k, v in list(self.table.items()))
+        if self._saver.save(self.outbox):
+            self._saver = None
+            return True
+        return False
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        for key, values in inbox.drain():
+            self.table[key.key[1]] = values

@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 from ..chunk_emitter import ChunkEmitter
 from ..processor import Inbox, Processor
+from ..state_saver import StateSaver
 
 __all__ = ["SortProcessor", "MergeSortedProcessor"]
 
@@ -22,6 +23,22 @@ class SortProcessor(Processor):
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         self.items.extend(inbox.drain())
+
+    _saver: StateSaver | None = None
+
+    def save_to_snapshot(self) -> bool:
+        # items under keys unique to this processor, so each is restored exactly once
+        if self._saver is None:
+            idx = self.context.global_processor_index
+            self._saver = StateSaver(((self.context.vertex_name, idx, i), item)
+                                     for i, item in enumerate(list(self.items)))
+        if self._saver.save(self.outbox):
+            self._saver = None
+            return True
+        return False
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        self.items.extend(item for _, item in inbox.drain())
 
     def complete(self) -> bool:
         if self._emitter is None:
@@ -43,6 +60,14 @@ class MergeSortedProcessor(Processor):
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         self.runs.extend(run for run in inbox.drain() if run)
+
+    def save_to_snapshot(self) -> bool:
+        idx = self.context.global_processor_index
+        return self.outbox.offer_all_to_snapshot(
+            [((self.context.vertex_name, idx, i), run) for i, run in enumerate(self.runs)])
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        self.runs.extend(run for _, run in inbox.drain())
 
     def complete(self) -> bool:
         if self._emitter is None:

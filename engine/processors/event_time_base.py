@@ -1,0 +1,146 @@
+"""What the event-time processors share: ordered pending output, a side output, snapshots.
+
+Window and stateful processors emit in bursts (a watermark closes many windows at once) into
+an outbox whose buckets are bounded. They queue what they produce in ``_pending`` (data chunks
+and control items in order) and move it to the outbox while it has room; every entry point
+flushes first, so output order is kept and nothing is lost when the outbox is full.
+
+With a *side output* (late events, events whose timestamp cannot be read) the planner wires
+output ordinal 0 to the user's sink; the data then goes to ordinals 1..n-1. Without it, data
+goes to every ordinal (-1).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from operator import itemgetter
+from typing import Any, Callable, Iterator
+
+from ..processor import Processor, ProcessorContext
+
+__all__ = ["EventTimeProcessor", "first", "second", "short_repr", "MISSING"]
+
+first = itemgetter(0)
+second = itemgetter(1)
+MISSING = object()
+
+_DATA, _CONTROL, _SIDE = 0, 1, 2
+
+
+def short_repr(obj: Any, limit: int = 200) -> str:
+    """``repr(obj)`` truncated to ``limit`` characters, for error messages."""
+    try:
+        text = repr(obj)
+    except Exception as e:  # noqa: BLE001 - a broken __repr__ must not hide the real error
+        text = f"<{type(obj).__qualname__} with a failing repr: {e!r}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class EventTimeProcessor(Processor):
+    """Base of the event-time processors (see the module docstring)."""
+
+    side_output = False
+    stage_name = ""
+
+    def init(self, context: ProcessorContext) -> None:
+        super().init(context)
+        self._pending: deque = deque()
+        self._snapshot_iter: Iterator[tuple[Any, Any]] | None = None
+        self._snapshot_held: tuple[Any, Any] | None = None
+
+    # --- output ------------------------------------------------------------------------------
+
+    def _emit(self, chunk: list) -> None:
+        if chunk:
+            self._pending.append((_DATA, chunk))
+
+    def _emit_control(self, item: Any) -> None:
+        self._pending.append((_CONTROL, item))
+
+    def _emit_side(self, chunk: list) -> None:
+        if chunk:
+            self._pending.append((_SIDE, chunk))
+
+    def _flush(self) -> bool:
+        """Moves pending output into the outbox while it has room; True when all moved."""
+        pending = self._pending
+        if not pending:
+            return True
+        outbox = self.outbox
+        side = self.side_output
+        n = outbox.ordinal_count
+        while pending:
+            kind, entry = pending[0]
+            if kind == _DATA:
+                if not side:
+                    if not outbox.offer_chunk(-1, entry):
+                        return False
+                else:
+                    if n <= 1:
+                        pass  # the only output is the side output: data has nowhere to go
+                    else:
+                        for o in range(1, n):
+                            if not outbox.has_room(o):
+                                return False
+                        for o in range(1, n):
+                            outbox.offer_chunk(o, entry if o == 1 else list(entry))
+            elif kind == _SIDE:
+                if not outbox.offer_chunk(0, entry):
+                    return False
+            else:
+                outbox.offer_control(entry)
+            pending.popleft()
+        return True
+
+    def _count_late(self, n: int) -> None:
+        m = self.context.metrics
+        m["late_events"] = m.get("late_events", 0) + n
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def _snapshot_entries(self) -> Iterator[tuple[Any, Any]]:
+        """The (key, value) entries of this processor's state; subclasses override."""
+        return iter(())
+
+    def save_to_snapshot(self) -> bool:
+        # output produced before the barrier must leave before it
+        if not self._flush():
+            return False
+        if self._snapshot_iter is None:
+            self._snapshot_iter = self._snapshot_entries()
+        offer = self.outbox.offer_to_snapshot
+        if self._snapshot_held is not None:
+            if not offer(*self._snapshot_held):
+                return False
+            self._snapshot_held = None
+        for entry in self._snapshot_iter:
+            if not offer(*entry):
+                self._snapshot_held = entry
+                return False
+        self._snapshot_iter = None
+        return True
+
+
+def chunked(items: list, size: int = 4096) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def call_with_arity(fn: Callable[..., Any], max_args: int) -> Callable[..., Any]:
+    """``fn`` adapted to be called with ``max_args`` positional arguments, dropping the last
+    ones when it accepts fewer (an eviction callback may take (state, key) or (state, key,
+    watermark))."""
+    import inspect
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn
+    params = list(sig.parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return fn
+    n = sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    if n >= max_args:
+        return fn
+    return lambda *args: fn(*args[:n])
+
+

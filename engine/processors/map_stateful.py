@@ -1,0 +1,170 @@
+"""Stateful mapping: ``map_fn(state, key, item)`` with one mutable state object per key.
+
+The state starts as ``create_fn()`` and the function may change it in place; its return value
+is emitted unless it is None. With a ``ttl`` (event time, on a stage with timestamps) a key's
+state is evicted when the watermark passes its last event's time plus the ttl, and
+``on_evict(state, key, watermark)`` may return a last item to emit (it may also take only
+``(state, key)``). An event more than ``ttl`` behind the watermark is late: its state may be
+gone, so it is counted in ``late_events`` and dropped.
+
+Keyless (``Stage.map_stateful``) runs on one processor with ``map_fn(state, item)``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Callable
+
+from ..items import IDLE_TIMESTAMP, Watermark
+from ..processor import BroadcastKey, Inbox, ProcessorContext
+from ..watermark_policy import NO_WATERMARK
+from .event_time_base import EventTimeProcessor, call_with_arity
+
+__all__ = ["MapStatefulProcessor"]
+
+
+class MapStatefulProcessor(EventTimeProcessor):
+    def __init__(self, stage_name: str, create_fn: Callable[[], Any],
+                 map_fn: Callable[..., Any], key_fn: Callable[[Any], Any] | None,
+                 timestamped: bool, ttl: int | None = None,
+                 on_evict: Callable[..., Any] | None = None) -> None:
+        self.stage_name = stage_name
+        self.create_fn = create_fn
+        self.map_fn = map_fn
+        self.key_fn = key_fn
+        self.timestamped = timestamped
+        self.ttl = ttl
+        self.on_evict = call_with_arity(on_evict, 3) if on_evict is not None else None
+        self.states: dict = {}      # key -> state
+        self.last_ts: dict = {}     # key -> last event time (with a ttl)
+        self._expiry: list = []     # heap of (expiry, seq, key), lazily corrected
+        self._seq = 0
+        self.wm = NO_WATERMARK
+
+    def init(self, context: ProcessorContext) -> None:
+        super().init(context)
+        if self.ttl is not None:
+            context.metrics.setdefault("late_events", 0)
+            context.metrics.setdefault("evicted_keys", 0)
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        if not self._flush():
+            return
+        items = inbox.drain()
+        states = self.states
+        get = states.get
+        create_fn, map_fn, key_fn = self.create_fn, self.map_fn, self.key_fn
+        out = []
+        append = out.append
+        if not self.timestamped:
+            if key_fn is None:
+                state = get(None)
+                if state is None and None not in states:
+                    state = states[None] = create_fn()
+                for x in items:
+                    r = map_fn(state, x)
+                    if r is not None:
+                        append(r)
+            else:
+                for x in items:
+                    k = key_fn(x)
+                    state = get(k)
+                    if state is None and k not in states:
+                        state = states[k] = create_fn()
+                    r = map_fn(state, k, x)
+                    if r is not None:
+                        append(r)
+            self._emit(out)
+            self._flush()
+            return
+        ttl = self.ttl
+        last_ts = self.last_ts
+        late = 0
+        min_ts = self.wm - ttl if ttl is not None and self.wm != NO_WATERMARK else NO_WATERMARK
+        for t, x in items:
+            if t < min_ts:
+                late += 1
+                continue
+            k = key_fn(x) if key_fn is not None else None
+            state = get(k)
+            if state is None and k not in states:
+                state = states[k] = create_fn()
+                if ttl is not None:
+                    last_ts[k] = t
+                    self._seq += 1
+                    heapq.heappush(self._expiry, (t + ttl, self._seq, k))
+            elif ttl is not None and t > last_ts[k]:
+                last_ts[k] = t
+            r = map_fn(state, k, x) if key_fn is not None else map_fn(state, x)
+            if r is not None:
+                append((t, r))
+        if late:
+            self._count_late(late)
+        self._emit(out)
+        self._flush()
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        if not self._flush():
+            return False
+        ts = watermark.timestamp
+        if ts != IDLE_TIMESTAMP and ts != NO_WATERMARK and ts > self.wm:
+            self.wm = ts
+            if self.ttl is not None:
+                self._evict(ts)
+        self._emit_control(watermark)
+        self._flush()
+        return True
+
+    def _evict(self, wm: int) -> None:
+        heap = self._expiry
+        ttl = self.ttl
+        states, last_ts = self.states, self.last_ts
+        on_evict = self.on_evict
+        out = []
+        evicted = 0
+        while heap and heap[0][0] <= wm:
+            _, _, k = heapq.heappop(heap)
+            last = last_ts.get(k)
+            if last is None:
+                continue
+            if last + ttl > wm:  # type: ignore[operator]
+                self._seq += 1
+                heapq.heappush(heap, (last + ttl, self._seq, k))  # type: ignore[operator]
+                continue
+            state = states.pop(k)
+            del last_ts[k]
+            evicted += 1
+            if on_evict is not None:
+                r = on_evict(state, k, wm)
+                if r is not None:
+                    out.append((wm, r))
+        if evicted:
+            self.context.metrics["evicted_keys"] += evicted
+        self._emit(out)
+
+    def try_process(self) -> bool:
+        return self._flush()
+
+    def complete(self) -> bool:
+        return self._flush()
+
+    def _snapshot_entries(self):
+        yield BroadcastKey("map-stateful-watermark"), self.wm
+        last_ts = self.last_ts
+        for k, state in self.states.items():
+            yield k, [state, last_ts.get(k)]
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        restored_wm = None
+        for k, value in inbox.drain():
+            if isinstance(k, BroadcastKey):
+                restored_wm = value if restored_wm is None else min(restored_wm, value)
+                continue
+            state, last = value
+            self.states[k] = state
+            if last is not None and self.ttl is not None:
+                self.last_ts[k] = last
+                self._seq += 1
+                heapq.heappush(self._expiry, (last + self.ttl, self._seq, k))
+        if restored_wm is not None:
+            self.wm = restored_wm

@@ -1,0 +1,179 @@
+"""Session windows (seed 003 "Session Window"), in one stage after a partitioned edge.
+
+An event at ``ts`` covers the interval ``[ts, ts + gap)``. A key's sessions are the unions of
+overlapping event intervals: an event that overlaps a session extends it, one that overlaps two
+sessions merges them (their accumulators are combined), and one that overlaps none starts a new
+session. A session ``[start, end)`` holds events from ``start`` to ``end - gap``: its result's
+start is the first event's time and its end the last event's time plus the gap. When the
+watermark reaches ``end`` the session is closed and emitted.
+
+An event below the watermark is late: it might belong to a session already emitted, so it is
+counted and dropped (or routed to the late-events sink).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from typing import Any, Callable
+
+from ..items import IDLE_TIMESTAMP, Watermark
+from ..pipeline.aggregate import AggregateOperation
+from ..pipeline.window_definition import WindowDefinition
+from ..pipeline.window_result import KeyedWindowResult, WindowResult
+from ..processor import BroadcastKey, Inbox, ProcessorContext
+from ..watermark_policy import NO_WATERMARK
+from .sliding_window import _WM_KEY, _WindowBase
+
+__all__ = ["SessionWindowProcessor"]
+
+
+class SessionWindowProcessor(_WindowBase):
+    def __init__(self, stage_name: str, wdef: WindowDefinition, op: AggregateOperation,
+                 key_fn: Callable[[Any], Any] | None, side_output: bool = False) -> None:
+        super().__init__(stage_name, wdef, side_output)
+        self.op = op
+        self.key_fn = key_fn
+        self.gap = wdef.gap
+        # key -> sessions sorted by start, each [start, end, acc]; sessions of a key are disjoint
+        self.sessions: dict[Any, list[list]] = {}
+        # (earliest end of a key's sessions, key), lazily corrected when popped
+        self._deadlines: list[tuple[int, int, Any]] = []
+        self._seq = 0  # breaks ties between keys that do not compare
+        self.early_period = wdef.early_results_period
+        self._next_early = 0.0
+
+    def init(self, context: ProcessorContext) -> None:
+        super().init(context)
+        if self.early_period:
+            self._next_early = time.monotonic() + self.early_period / 1000
+
+    def _push(self, end: int, key: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._deadlines, (end, self._seq, key))
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        if not self._flush():
+            return
+        items = self._split_late(inbox.drain())
+        self._flush()
+        gap = self.gap
+        op = self.op
+        create, accumulate, combine = op.create, op.accumulate, op.combine
+        key_fn = self.key_fn
+        sessions = self.sessions
+        for t, x in items:
+            k = key_fn(x) if key_fn is not None else None
+            t_end = t + gap
+            ss = sessions.get(k)
+            if ss is None:
+                sessions[k] = [[t, t_end, accumulate(create(), x)]]
+                self._push(t_end, k)
+                continue
+            if len(ss) == 1:
+                s = ss[0]
+                if s[0] < t_end and t < s[1]:  # the common case: the event extends the session
+                    if t < s[0]:
+                        s[0] = t
+                    if t_end > s[1]:
+                        s[1] = t_end
+                    s[2] = accumulate(s[2], x)
+                    continue
+            # the general case: find every session the event's interval overlaps
+            hits = [i for i, s in enumerate(ss) if s[0] < t_end and t < s[1]]
+            if not hits:
+                new = [t, t_end, accumulate(create(), x)]
+                i = 0
+                while i < len(ss) and ss[i][0] < t:
+                    i += 1
+                ss.insert(i, new)
+                self._push(t_end, k)
+                continue
+            first = ss[hits[0]]
+            for i in hits[1:]:
+                s = ss[i]
+                first[2] = combine(first[2], s[2])  # type: ignore[misc]
+                if s[1] > first[1]:
+                    first[1] = s[1]
+            for i in reversed(hits[1:]):
+                del ss[i]
+            if t < first[0]:
+                first[0] = t
+            if t_end > first[1]:
+                first[1] = t_end
+            first[2] = accumulate(first[2], x)
+
+    def _close_upto(self, limit: int) -> None:
+        """Emits the sessions that end at or before ``limit``."""
+        heap = self._deadlines
+        sessions = self.sessions
+        finish = self.op.finish
+        out: list = []
+        keyed = self.key_fn is not None
+        while heap and heap[0][0] <= limit:
+            _, _, k = heapq.heappop(heap)
+            ss = sessions.get(k)
+            if not ss:
+                continue
+            keep = []
+            for s in ss:
+                if s[1] <= limit:
+                    r = finish(s[2])
+                    out.append(KeyedWindowResult(s[0], s[1], k, r) if keyed
+                               else WindowResult(s[0], s[1], r))
+                else:
+                    keep.append(s)
+            if keep:
+                sessions[k] = keep
+                self._push(min(s[1] for s in keep), k)
+            else:
+                del sessions[k]
+        out.sort(key=lambda r: (r[1], r[0]))
+        self._emit(out)
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        if not self._flush():
+            return False
+        ts = watermark.timestamp
+        if ts != IDLE_TIMESTAMP and ts != NO_WATERMARK and ts > self.min_ts:
+            self.min_ts = ts
+            self._close_upto(ts)
+        self._emit_control(watermark)
+        self._flush()
+        return True
+
+    def try_process(self) -> bool:
+        if not self._flush():
+            return False
+        if self.early_period and time.monotonic() >= self._next_early:
+            self._next_early = time.monotonic() + self.early_period / 1000
+            export = self.op.export
+            keyed = self.key_fn is not None
+            self._emit([KeyedWindowResult(s[0], s[1], k, export(s[2]), True) if keyed
+                        else WindowResult(s[0], s[1], export(s[2]), True)
+                        for k, ss in self.sessions.items() for s in ss])
+        return self._flush()
+
+    def complete(self) -> bool:
+        if not self._completing:
+            self._completing = True
+            if self.sessions:
+                self._close_upto(max(s[1] for ss in self.sessions.values() for s in ss))
+        return self._flush()
+
+    def _snapshot_entries(self):
+        yield BroadcastKey(_WM_KEY), self.min_ts
+        for k, ss in self.sessions.items():
+            yield k, [list(s) for s in ss]
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        for key, value in inbox.drain():
+            if isinstance(key, BroadcastKey):
+                if key.key == _WM_KEY:
+                    self.restore_watermark(value)
+                continue
+            ss = sorted((list(s) for s in value), key=lambda s: s[0])
+            self.sessions[key] = ss
+            self._push(min(s[1] for s in ss), key)
+
+

@@ -1,0 +1,547 @@
+"""Sliding and tumbling windows by frames, in two stages (seed 003 "Sliding and Tumbling").
+
+The time axis is cut into frames one slide long. Stage 1 (:class:`FrameAccumulateProcessor`,
+local, one per upstream processor) accumulates each event into the accumulator of its
+``(frame, key)`` with the operation's batch path, and when the watermark passes the end of a
+frame sends that frame's ``(key, frame_start, acc)`` items over a distributed partitioned edge.
+Stage 2 (:class:`WindowCombineProcessor`) combines the partial frames of a key arriving from
+every stage-1 processor, and when the watermark passes the end of a window builds the window
+from its frames: with ``deduct``, by adding the frame that entered and deducting the frame that
+left the previous window; without, by combining the window's frames afresh. A tumbling window
+is the case of one frame per window.
+
+An operation without ``combine`` runs in one stage (:class:`SlidingWindowProcessor`): items go
+over the partitioned edge and each event is accumulated into every window that holds it.
+
+Both stages handle several inputs (``aggregate2``): input ``i`` is accumulated with operation
+``i`` and the accumulator of a frame is then the list of the per-input accumulators.
+
+An event is *late* when its frame has already been closed by the watermark (equivalently, when
+its timestamp is below the watermark rounded down to a frame): some window holding it has been
+emitted, so it is counted in the ``late_events`` metric and dropped, or sent to the side output
+when the user routes late events to a sink.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left, insort
+from itertools import repeat
+from typing import Any, Callable, Sequence
+
+from ..items import IDLE_TIMESTAMP, Watermark
+from ..pipeline.aggregate import AggregateOperation
+from ..pipeline.window_definition import WindowDefinition
+from ..pipeline.window_result import KeyedWindowResult, WindowResult
+from ..processor import BroadcastKey, Inbox, ProcessorContext
+from ..watermark_policy import NO_WATERMARK
+from .event_time_base import MISSING, EventTimeProcessor, first, second
+
+__all__ = ["FrameAccumulateProcessor", "WindowCombineProcessor", "SlidingWindowProcessor",
+           "composite_operation"]
+
+_WM_KEY = "window-watermark"
+
+
+def composite_operation(ops: Sequence[AggregateOperation]) -> AggregateOperation:
+    """The operation on lists of per-input accumulators (``aggregate2``): combine, deduct,
+    export and finish element by element; the result is a tuple of the ops' results."""
+    ops = tuple(ops)
+    n = len(ops)
+
+    def combine(a: list, b: list) -> list:
+        return [ops[i].combine(a[i], b[i]) for i in range(n)]  # type: ignore[misc]
+
+    deduct = None
+    if all(op.can_deduct for op in ops):
+        def deduct(a: list, b: list) -> list:  # type: ignore[misc]
+            return [ops[i].deduct(a[i], b[i]) for i in range(n)]  # type: ignore[misc]
+
+    def accumulate(a: list, x: Any) -> list:
+        raise TypeError("a composite window operation accumulates per input")
+
+    return AggregateOperation(
+        lambda: [op.create() for op in ops], accumulate, combine, deduct,
+        export=lambda a: tuple(ops[i].export(a[i]) for i in range(n)),
+        finish=lambda a: tuple(ops[i].finish(a[i]) for i in range(n)))
+
+
+class _WindowBase(EventTimeProcessor):
+    def __init__(self, stage_name: str, wdef: WindowDefinition, side_output: bool) -> None:
+        self.stage_name = stage_name
+        self.wdef = wdef
+        self.slide = wdef.slide
+        self.size = wdef.size
+        self.side_output = side_output
+        self.min_ts = NO_WATERMARK  # events below this are late
+        self._restored_wm: int | None = None
+        self._completing = False
+
+    def init(self, context: ProcessorContext) -> None:
+        super().init(context)
+        context.metrics.setdefault("late_events", 0)
+
+    def _split_late(self, items: list) -> list:
+        """Drops (or routes) the late ``(ts, item)`` pairs; returns the others."""
+        min_ts = self.min_ts
+        late = [p[1] for p in items if p[0] < min_ts]
+        if not late:
+            return items
+        self._count_late(len(late))
+        if self.side_output:
+            self._emit_side(late)
+        return [p for p in items if p[0] >= min_ts]
+
+    def _frame_floor(self, ts: int) -> int:
+        return ts - ts % self.slide
+
+    def restore_watermark(self, value: int) -> None:
+        # every processor's watermark reaches every processor: the lowest is the safe one
+        self._restored_wm = value if self._restored_wm is None else min(self._restored_wm, value)
+
+    def finish_snapshot_restore(self) -> bool:
+        if self._restored_wm is not None:
+            self.min_ts = self._restored_wm
+        return True
+
+
+class FrameAccumulateProcessor(_WindowBase):
+    """Stage 1: ``(ts, item)`` -> per-frame accumulators; emits ``(key, frame, acc)``."""
+
+    def __init__(self, stage_name: str, wdef: WindowDefinition,
+                 ops: Sequence[AggregateOperation],
+                 key_fns: Sequence[Callable[[Any], Any] | None], side_output: bool = False) -> None:
+        super().__init__(stage_name, wdef, side_output)
+        self.ops = list(ops)
+        self.key_fns = list(key_fns)
+        self.n = len(self.ops)
+        self.frames: dict[int, list[dict]] = {}
+
+    def _tables(self, frame: int) -> list[dict]:
+        tables = self.frames.get(frame)
+        if tables is None:
+            tables = self.frames[frame] = [{} for _ in range(self.n)]
+        return tables
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        if not self._flush():
+            return
+        items = inbox.drain()
+        if not items:
+            return
+        tss = list(map(first, items))
+        lo = min(tss)
+        if lo < self.min_ts:
+            items = self._split_late(items)
+            self._flush()
+            if not items:
+                return
+            tss = list(map(first, items))
+            lo = min(tss)
+        hi = max(tss)
+        slide = self.slide
+        op = self.ops[ordinal]
+        key_fn = self.key_fns[ordinal]
+        f_lo = lo - lo % slide
+        if f_lo == hi - hi % slide:
+            payloads = list(map(second, items))
+            keys = map(key_fn, payloads) if key_fn is not None else repeat(None, len(payloads))
+            op.accumulate_grouped(self._tables(f_lo)[ordinal], keys, payloads)
+            return
+        by_frame: dict[int, list] = {}
+        for t, x in items:
+            f = t - t % slide
+            bucket = by_frame.get(f)
+            if bucket is None:
+                by_frame[f] = [x]
+            else:
+                bucket.append(x)
+        for f, payloads in by_frame.items():
+            keys = map(key_fn, payloads) if key_fn is not None else repeat(None, len(payloads))
+            op.accumulate_grouped(self._tables(f)[ordinal], keys, payloads)
+
+    def _frame_items(self, f: int, tables: list[dict]) -> list:
+        if self.n == 1:
+            return [(k, f, a) for k, a in tables[0].items()]
+        keys: dict = {}
+        for t in tables:
+            keys.update(dict.fromkeys(t))
+        ops = self.ops
+        return [(k, f, [t[k] if k in t else ops[i].create() for i, t in enumerate(tables)])
+                for k in keys]
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        if not self._flush():
+            return False
+        ts = watermark.timestamp
+        if ts != IDLE_TIMESTAMP and ts != NO_WATERMARK:
+            limit = self._frame_floor(ts)
+            if limit > self.min_ts:
+                self.min_ts = limit
+                frames = self.frames
+                for f in sorted(f for f in frames if f < limit):
+                    self._emit(self._frame_items(f, frames.pop(f)))
+        self._emit_control(watermark)
+        self._flush()
+        return True
+
+    def try_process(self) -> bool:
+        return self._flush()
+
+    def complete(self) -> bool:
+        if not self._completing:
+            self._completing = True
+            frames = self.frames
+            for f in sorted(frames):
+                self._emit(self._frame_items(f, frames.pop(f)))
+        return self._flush()
+
+    def _snapshot_entries(self):
+        yield BroadcastKey(_WM_KEY), self.min_ts
+        for f, tables in self.frames.items():
+            for i, t in enumerate(tables):
+                for k, a in t.items():
+                    yield k, (f, i, a)
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        for key, value in inbox.drain():
+            if isinstance(key, BroadcastKey):
+                if key.key == _WM_KEY:
+                    self.restore_watermark(value)
+                continue
+            f, i, acc = value
+            t = self._tables(f)[i]
+            old = t.get(key, MISSING)
+            t[key] = acc if old is MISSING else self.ops[i].combine(old, acc)  # type: ignore[misc]
+
+
+class WindowCombineProcessor(_WindowBase):
+    """Stage 2: combines ``(key, frame, acc)`` from every stage-1 processor into windows."""
+
+    def __init__(self, stage_name: str, wdef: WindowDefinition, op: AggregateOperation,
+                 keyed: bool, side_output: bool = False) -> None:
+        super().__init__(stage_name, wdef, side_output)
+        self.op = op
+        self.keyed = keyed
+        self.frames: dict[int, dict] = {}
+        self.starts: list[int] = []       # sorted frame starts present in ``frames``
+        self.next_end: int | None = None  # the end of the next window to emit
+        self.win: dict = {}               # deduct path: key -> [acc, frames holding the key]
+        self.win_end: int | None = None   # the window ``win`` holds, by its end
+        self.early_period = wdef.early_results_period
+        self._next_early = 0.0
+
+    def init(self, context: ProcessorContext) -> None:
+        super().init(context)
+        if self.early_period:
+            self._next_early = time.monotonic() + self.early_period / 1000
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        if not self._flush():
+            return
+        frames = self.frames
+        combine = self.op.combine
+        min_ts = self.min_ts
+        late = 0
+        for k, f, a in inbox.drain():
+            t = frames.get(f)
+            if t is None:
+                if f < min_ts:  # only after a restore or an idle input woke up
+                    late += 1
+                    continue
+                t = frames[f] = {}
+                insort(self.starts, f)
+            old = t.get(k, MISSING)
+            t[k] = a if old is MISSING else combine(old, a)  # type: ignore[misc]
+        if late:
+            self._count_late(late)
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        if not self._flush():
+            return False
+        ts = watermark.timestamp
+        if ts != IDLE_TIMESTAMP and ts != NO_WATERMARK:
+            limit = self._frame_floor(ts)
+            if limit > self.min_ts:
+                self.min_ts = limit
+                self._emit_windows(limit)
+        self._emit_control(watermark)
+        self._flush()
+        return True
+
+    def complete(self) -> bool:
+        if not self._completing:
+            self._completing = True
+            if self.starts:
+                self._emit_windows(self.starts[-1] + self.size)
+        return self._flush()
+
+    def try_process(self) -> bool:
+        if not self._flush():
+            return False
+        if self.early_period and time.monotonic() >= self._next_early:
+            self._next_early = time.monotonic() + self.early_period / 1000
+            self._emit_early()
+        return self._flush()
+
+    # --- windows -----------------------------------------------------------------------------
+
+    def _emit_windows(self, limit: int) -> None:
+        """Emits every window whose end is at most ``limit``."""
+        starts = self.starts
+        size, slide = self.size, self.slide
+        e = self.next_end
+        if e is None:
+            if not starts:
+                return
+            e = starts[0] + slide
+        while e <= limit:
+            i = bisect_left(starts, e - size)
+            if i == len(starts):
+                # no frames left: the windows up to ``limit`` stay empty for ever
+                e = limit - limit % slide + slide if limit % slide else limit + slide
+                self.win.clear()
+                self.win_end = None
+                break
+            if starts[i] >= e:
+                e = starts[i] + slide  # skip windows without frames
+                continue
+            self._emit(self._window(e))
+            e += slide
+            self._evict(e)
+        self.next_end = e
+
+    def _window(self, e: int) -> list:
+        size, slide = self.size, self.slide
+        start = e - size
+        op = self.op
+        frames = self.frames
+        if op.can_deduct:
+            win = self.win
+            if self.win_end is not None and e == self.win_end + slide:
+                entering = frames.get(e - slide)
+                if entering:
+                    self._add(entering)
+                leaving = frames.get(start - slide)
+                if leaving:
+                    self._deduct(leaving)
+            else:
+                win.clear()
+                for f in self._frames_in(start, e):
+                    self._add(frames[f])
+            self.win_end = e
+            export = op.export
+            if self.keyed:
+                return [KeyedWindowResult(start, e, k, export(v[0])) for k, v in win.items()]
+            return [WindowResult(start, e, export(v[0])) for v in win.values()]
+        accs = self._combine_frames(start, e)
+        finish = op.finish
+        if self.keyed:
+            return [KeyedWindowResult(start, e, k, finish(a)) for k, a in accs.items()]
+        return [WindowResult(start, e, finish(a)) for a in accs.values()]
+
+    def _frames_in(self, start: int, end: int) -> list[int]:
+        starts = self.starts
+        return starts[bisect_left(starts, start):bisect_left(starts, end)]
+
+    def _combine_frames(self, start: int, end: int) -> dict:
+        op = self.op
+        create, combine = op.create, op.combine
+        accs: dict = {}
+        get = accs.get
+        for f in self._frames_in(start, end):
+            for k, a in self.frames[f].items():
+                acc = get(k, MISSING)
+                if acc is MISSING:
+                    acc = create()
+                accs[k] = combine(acc, a)  # type: ignore[misc]
+        return accs
+
+    def _add(self, frame: dict) -> None:
+        win = self.win
+        create, combine = self.op.create, self.op.combine
+        get = win.get
+        for k, a in frame.items():
+            cur = get(k)
+            if cur is None:
+                win[k] = [combine(create(), a), 1]  # type: ignore[misc]
+            else:
+                cur[0] = combine(cur[0], a)  # type: ignore[misc]
+                cur[1] += 1
+
+    def _deduct(self, frame: dict) -> None:
+        win = self.win
+        deduct = self.op.deduct
+        for k, a in frame.items():
+            cur = win[k]
+            if cur[1] == 1:
+                del win[k]
+            else:
+                cur[0] = deduct(cur[0], a)  # type: ignore[misc]
+                cur[1] -= 1
+
+    def _evict(self, next_end: int) -> None:
+        """Forgets the frames no window from ``next_end`` on needs (the deduct path keeps the
+        frame that leaves next)."""
+        keep_from = next_end - self.size - (self.slide if self.op.can_deduct else 0)
+        starts = self.starts
+        j = bisect_left(starts, keep_from)
+        if j:
+            frames = self.frames
+            for f in starts[:j]:
+                del frames[f]
+            del starts[:j]
+
+    def _emit_early(self) -> None:
+        starts = self.starts
+        if not starts:
+            return
+        size, slide = self.size, self.slide
+        e = self.next_end if self.next_end is not None else starts[0] + slide
+        last = starts[-1] + size
+        export = self.op.export
+        while e <= last:
+            accs = self._combine_frames(e - size, e)
+            if self.keyed:
+                self._emit([KeyedWindowResult(e - size, e, k, export(a), True)
+                            for k, a in accs.items()])
+            else:
+                self._emit([WindowResult(e - size, e, export(a), True) for a in accs.values()])
+            e += slide
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def _snapshot_entries(self):
+        yield BroadcastKey(_WM_KEY), self.min_ts
+        if self.next_end is not None:
+            yield BroadcastKey("window-next-end"), self.next_end
+        for f, t in self.frames.items():
+            for k, a in t.items():
+                yield k, (f, a)
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        combine = self.op.combine
+        for key, value in inbox.drain():
+            if isinstance(key, BroadcastKey):
+                if key.key == _WM_KEY:
+                    self.restore_watermark(value)
+                elif key.key == "window-next-end":
+                    self.next_end = value if self.next_end is None else min(self.next_end, value)
+                continue
+            f, acc = value
+            t = self.frames.get(f)
+            if t is None:
+                t = self.frames[f] = {}
+                insort(self.starts, f)
+            old = t.get(key, MISSING)
+            t[key] = acc if old is MISSING else combine(old, acc)  # type: ignore[misc]
+        self.win.clear()
+        self.win_end = None
+
+
+class SlidingWindowProcessor(_WindowBase):
+    """One stage, for operations that cannot combine: each event is accumulated into every
+    window that holds it (``size // slide`` windows)."""
+
+    def __init__(self, stage_name: str, wdef: WindowDefinition, op: AggregateOperation,
+                 key_fn: Callable[[Any], Any] | None, side_output: bool = False) -> None:
+        super().__init__(stage_name, wdef, side_output)
+        self.op = op
+        self.key_fn = key_fn
+        self.windows: dict[int, dict] = {}  # window end -> key -> acc
+        self.early_period = wdef.early_results_period
+        self._next_early = 0.0
+
+    def init(self, context: ProcessorContext) -> None:
+        super().init(context)
+        if self.early_period:
+            self._next_early = time.monotonic() + self.early_period / 1000
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        if not self._flush():
+            return
+        items = self._split_late(inbox.drain())
+        self._flush()
+        size, slide = self.size, self.slide
+        key_fn = self.key_fn
+        windows = self.windows
+        op = self.op
+        by_end: dict[int, tuple[list, list]] = {}
+        for t, x in items:
+            f = t - t % slide
+            k = key_fn(x) if key_fn is not None else None
+            for e in range(f + slide, f + size + 1, slide):
+                kb = by_end.get(e)
+                if kb is None:
+                    by_end[e] = ([k], [x])
+                else:
+                    kb[0].append(k)
+                    kb[1].append(x)
+        for e, (keys, xs) in by_end.items():
+            table = windows.get(e)
+            if table is None:
+                table = windows[e] = {}
+            op.accumulate_grouped(table, keys, xs)
+
+    def _emit_upto(self, limit: int) -> None:
+        finish = self.op.finish
+        size = self.size
+        for e in sorted(e for e in self.windows if e <= limit):
+            table = self.windows.pop(e)
+            if self.key_fn is not None:
+                self._emit([KeyedWindowResult(e - size, e, k, finish(a))
+                            for k, a in table.items()])
+            else:
+                self._emit([WindowResult(e - size, e, finish(a)) for a in table.values()])
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        if not self._flush():
+            return False
+        ts = watermark.timestamp
+        if ts != IDLE_TIMESTAMP and ts != NO_WATERMARK:
+            limit = self._frame_floor(ts)
+            if limit > self.min_ts:
+                self.min_ts = limit
+                self._emit_upto(limit)
+        self._emit_control(watermark)
+        self._flush()
+        return True
+
+    def try_process(self) -> bool:
+        if not self._flush():
+            return False
+        if self.early_period and time.monotonic() >= self._next_early:
+            self._next_early = time.monotonic() + self.early_period / 1000
+            export = self.op.export
+            size = self.size
+            for e in sorted(self.windows):
+                table = self.windows[e]
+                if self.key_fn is not None:
+                    self._emit([KeyedWindowResult(e - size, e, k, export(a), True)
+                                for k, a in table.items()])
+                else:
+                    self._emit([WindowResult(e - size, e, export(a), True)
+                                for a in table.values()])
+        return self._flush()
+
+    def complete(self) -> bool:
+        if not self._completing:
+            self._completing = True
+            if self.windows:
+                self._emit_upto(max(self.windows))
+        return self._flush()
+
+    def _snapshot_entries(self):
+        yield BroadcastKey(_WM_KEY), self.min_ts
+        for e, t in self.windows.items():
+            for k, a in t.items():
+                yield k, (e, a)
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        for key, value in inbox.drain():
+            if isinstance(key, BroadcastKey):
+                if key.key == _WM_KEY:
+                    self.restore_watermark(value)
+                continue
+            e, acc = value
+            self.windows.setdefault(e, {})[key] = acc
