@@ -6,6 +6,7 @@ The public API; the implementation lives in ``jetwake.engine``, ``jetwake.snapsh
 
 from .connectors.sinks import Sinks
 from .connectors.sources import Sources
+from .connectors.test_sources import TestSources
 from .engine.abstract_processor import AbstractProcessor, FlatMapper
 from .engine.dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
 from .engine.errors import (
@@ -19,7 +20,13 @@ from .engine.member import Member
 from .engine.meta_supplier import ProcessorMetaSupplier, ProcessorSupplier
 from .engine.pipeline.aggregate import AggregateOperation, AggregateOperations
 from .engine.pipeline.connector import Sink, Source
-from .engine.pipeline.pipeline import GroupedStage, Pipeline, PipelineError, SinkStage, Stage
+from .engine.pipeline.pipeline import (
+    GroupedStage, Pipeline, PipelineError, SinkStage, Stage, WindowedGroupedStage, WindowedStage,
+)
+from .engine.pipeline.window_definition import WindowDefinition
+from .engine.pipeline.window_result import KeyedWindowResult, WindowResult
+from .engine.processors.insert_watermarks import TimestampError
+from .engine.watermark_policy import WatermarkPolicy
 from .engine.processor import BroadcastKey, Inbox, Outbox, Processor, ProcessorContext
 from .engine.serialization import register_type
 from .engine.traverser import Traverser
@@ -33,5 +40,6 @@ __all__ = [
     "Outbox", "Pipeline", "PipelineError", "Processor", "ProcessorContext",
     "ProcessorMetaSupplier", "ProcessorSupplier", "RoutingPolicy", "Sink", "SinkStage", "Sinks",
     "SnapshotNotFoundError", "Source", "Sources", "Stage", "Traverser", "Vertex", "Watermark",
-    "register_type",
+    "register_type", "TestSources", "WindowDefinition", "WindowResult", "KeyedWindowResult",
+    "WindowedStage", "WindowedGroupedStage", "WatermarkPolicy", "TimestampError",
 ]
