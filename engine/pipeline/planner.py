@@ -88,8 +88,9 @@ class Planner:
         (timestamp, item) pairs of a stage with timestamps; otherwise pairs are unwrapped on
         the edge."""
         out = self.outputs[id(upstream)]
-        if id(upstream) in self.wrapped and not wrapped_input:
-            out = _Output(out.vertex, out.chain + (("chunk", unwrap),))
+        pairs = id(upstream) in self.wrapped
+        if pairs and not wrapped_input:
+            out = _Output(out.vertex, out.chain + (("chunk", unwrap),), out.routing)
         src = out.vertex
         if any(e.source is src and e.destination is dest for e in self.dag.edges):
             # a second edge between the same pair (a self-merge or self-join) is not allowed:
@@ -101,6 +102,8 @@ class Planner:
             chain = out.chain
         if out.routing is not None:
             routing, inner = out.routing, configure
+            if pairs and wrapped_input:  # the items stay (timestamp, item) pairs on this edge
+                routing = getattr(routing, "on_pairs", routing)
             configure = lambda e: inner(routing(e))  # noqa: E731 - the stage's own routing wins
         edge = self._edge(src, dest, chain, configure)
         edge.priority(priority)
@@ -188,7 +191,11 @@ class Planner:
             routing = lambda e: e.distributed().unicast()  # noqa: E731
         else:
             routing = lambda e: e.distributed().partitioned(key_fn)  # noqa: E731
+            pair_key = _on_item(key_fn)
+            routing.on_pairs = lambda e: e.distributed().partitioned(pair_key)  # type: ignore
         self.outputs[id(t)] = _Output(out.vertex, out.chain, routing)
+        if id(t.upstream[0]) in self.wrapped:
+            self.wrapped.add(id(t))
 
     def _plan_MergeTransform(self, t: MergeTransform) -> None:
         v = self._vertex(t.name, PassThroughProcessor, t)
@@ -294,7 +301,9 @@ class Planner:
         keyed = key_fns is not None
         side = t.side_sink is not None
         chain: tuple = (("flat_map", t.post),) if t.post is not None else ()
-        if not wdef.is_session and all(op.can_combine for op in ops):
+        # early results need the open frames in one place: they run in one stage, as in Jet
+        if not wdef.is_session and all(op.can_combine for op in ops) \
+                and (not wdef.early_results_period or len(ops) > 1):
             kfs = list(key_fns) if keyed else [None] * len(ops)
             acc = self._vertex(f"{name}-accumulate", lambda: FrameAccumulateProcessor(
                 name, wdef, ops, kfs, side), t)

@@ -287,29 +287,28 @@ class WindowCombineProcessor(_WindowBase):
     # --- windows -----------------------------------------------------------------------------
 
     def _emit_windows(self, limit: int) -> None:
-        """Emits every window whose end is at most ``limit``."""
+        """Emits every window whose end is at most ``limit`` (a frame boundary)."""
         starts = self.starts
         size, slide = self.size, self.slide
         e = self.next_end
-        if e is None:
-            if not starts:
-                return
-            e = starts[0] + slide
-        while e <= limit:
-            i = bisect_left(starts, e - size)
-            if i == len(starts):
-                # no frames left: the windows up to ``limit`` stay empty for ever
-                e = limit - limit % slide + slide if limit % slide else limit + slide
-                self.win.clear()
-                self.win_end = None
-                break
-            if starts[i] >= e:
-                e = starts[i] + slide  # skip windows without frames
-                continue
-            self._emit(self._window(e))
-            e += slide
-            self._evict(e)
-        self.next_end = e
+        if starts:
+            if e is None:
+                e = starts[0] + slide
+            while e <= limit:
+                i = bisect_left(starts, e - size)
+                if i == len(starts):
+                    break  # no frames left for windows up to ``limit``
+                if starts[i] >= e:
+                    e = starts[i] + slide  # skip windows without frames
+                    continue
+                self._emit(self._window(e))
+                e += slide
+                self._evict(e)
+        # every window ending at or before ``limit`` is done; a frame arriving from now on
+        # starts at ``limit`` or later, so its first window ends at ``limit + slide`` or later
+        nxt = limit + slide
+        if self.next_end is None or nxt > self.next_end:
+            self.next_end = nxt
 
     def _window(self, e: int) -> list:
         size, slide = self.size, self.slide
