@@ -5,9 +5,18 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..engine.chunk_emitter import ChunkEmitter
-from ..engine.processor import Inbox, Processor, ProcessorContext
+from ..engine.errors import JetwakeError
+from ..engine.items import IDLE_MESSAGE
+from ..engine.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 
-__all__ = ["MapSourceProcessor", "MapSinkProcessor"]
+__all__ = ["MapSourceProcessor", "MapSinkProcessor", "MapJournalSourceProcessor",
+           "JournalOverrunError"]
+
+_JOURNAL_BATCH = 4096
+
+
+class JournalOverrunError(JetwakeError):
+    """Events the journal source had not read yet were dropped from the bounded journal."""
 
 
 class MapSourceProcessor(Processor):
@@ -24,6 +33,78 @@ class MapSourceProcessor(Processor):
 
     def complete(self) -> bool:
         return self._emitter.emit(self.outbox)  # type: ignore[union-attr]
+
+
+class MapJournalSourceProcessor(Processor):
+    """Streams ``(key, new_value)`` for every put into a map, from its event journal.
+
+    The map has one journal, so one processor of the job reads it (global index 0); the others
+    report themselves idle. The next sequence to read is saved in snapshots, so a restored job
+    replays exactly the events after the snapshot. Events dropped from the bounded journal
+    before they were read fail the job (``on_overrun="fail"``) or are counted in the
+    ``journal_lost`` metric and skipped (``"skip"``), never skipped silently.
+    """
+
+    def __init__(self, name: str, start: str, on_overrun: str) -> None:
+        self.name = name
+        self.start = start
+        self.on_overrun = on_overrun
+        self.seq: int | None = None
+        self._map: Any = None
+        self._reader = False
+        self._idle_sent = False
+
+    def init(self, context: ProcessorContext) -> None:
+        super().init(context)
+        self._reader = context.global_processor_index == 0
+        self._map = context.member.get_map(self.name)
+        context.metrics.setdefault("journal_lost", 0)
+        if self._reader and self.start == "current":
+            # "current" is the journal's end when the job starts, not when the source first
+            # runs; a restore replaces it with the saved position
+            self.seq = self._map.journal_next_seq()
+
+    def _first_seq(self) -> int:
+        if self.start == "current":
+            return self._map.journal_next_seq()
+        return self._map.journal_oldest_seq()
+
+    def complete(self) -> bool:
+        if not self._reader:
+            if not self._idle_sent:
+                self._idle_sent = self.outbox.offer_control(IDLE_MESSAGE)
+            return False
+        if self.seq is None:
+            self.seq = self._first_seq()
+        outbox = self.outbox
+        while outbox.has_room():
+            batch = self._map.journal_read(self.seq, _JOURNAL_BATCH)
+            if batch.lost:
+                if self.on_overrun == "fail":
+                    raise JournalOverrunError(
+                        f"the event journal of map '{self.name}' dropped {batch.lost} events "
+                        f"this job had not read yet (from sequence {self.seq}); raise the "
+                        "member's journal_capacity, or pass on_overrun='skip' to count and "
+                        "skip such gaps")
+                self.context.metrics["journal_lost"] += batch.lost
+            self.seq = batch.next_seq
+            if not batch.events:
+                return False
+            out = [(e.key, e.new_value) for e in batch.events if e.kind == "put"]
+            if out:
+                outbox.offer_chunk(-1, out)
+        return False
+
+    def save_to_snapshot(self) -> bool:
+        if not self._reader:
+            return True
+        if self.seq is None:
+            self.seq = self._first_seq()
+        return self.outbox.offer_to_snapshot(BroadcastKey(("map-journal", self.name)), self.seq)
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        for _, seq in inbox.drain():
+            self.seq = seq
 
 
 class MapSinkProcessor(Processor):

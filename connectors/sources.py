@@ -10,7 +10,7 @@ from ..engine.meta_supplier import ProcessorMetaSupplier
 from ..engine.pipeline.connector import Source
 from .files import FileSourceProcessor
 from .items import ItemsSourceProcessor
-from .maps import MapSourceProcessor
+from .maps import MapJournalSourceProcessor, MapSourceProcessor
 
 __all__ = ["Sources"]
 
@@ -52,3 +52,21 @@ class Sources:
         _check_name(name, "Sources.map()")
         return Source(f"map-source-{name}",
                       ProcessorMetaSupplier.of(lambda: MapSourceProcessor(name)))
+
+    @staticmethod
+    def map_journal(name: str, start: str = "oldest", on_overrun: str = "fail") -> Source:
+        """An unbounded stream of ``(key, new_value)`` for each put into the member's map.
+
+        ``start``: "oldest" (every event still in the journal) or "current" (events after the
+        job starts). Replayable: the position is saved in snapshots. ``on_overrun``: "fail"
+        (default) or "skip" when the bounded journal dropped unread events.
+        """
+        _check_name(name, "Sources.map_journal()")
+        if start not in ("oldest", "current"):
+            raise ValueError(f"Sources.map_journal(start=...) must be 'oldest' or 'current', "
+                             f"got {start!r}")
+        if on_overrun not in ("fail", "skip"):
+            raise ValueError(f"Sources.map_journal(on_overrun=...) must be 'fail' or 'skip', "
+                             f"got {on_overrun!r}")
+        return Source(f"map-journal-{name}", ProcessorMetaSupplier.of(
+            lambda: MapJournalSourceProcessor(name, start, on_overrun), 1), is_stream=True)

@@ -20,6 +20,7 @@ from .errors import (
     JobCancelledError, JobStateError, RestartableError, SnapshotError, SnapshotNotFoundError,
 )
 from .execution.plan import PlanContext, build_tasklets
+from .fault_injection import crash_point
 from .serialization import SerializationError
 from .execution.service import Execution
 from .job_config import JobConfig
@@ -296,6 +297,7 @@ class JobCoordinator:
             sid = self.store.next_snapshot_id(self.job_id)
             writer = self.store.writer(self.job_id, self.name, sid, terminal)
             snap.request(sid, writer, terminal)
+            crash_point("snapshot-phase1")
             cancelled = lambda: execution.cancelled  # noqa: E731
             ok = snap.wait_phase1(sid, PHASE_TIMEOUT_S, cancelled)
             rec = None
@@ -311,8 +313,12 @@ class JobCoordinator:
                 except OSError as e:
                     log.error("job %s: writing snapshot %d failed: %r", self.name, sid, e)
                     ok = False
+            if ok:
+                crash_point("after-commit-record")
             snap.start_phase2(sid, ok)
             snap.wait_phase2(sid, PHASE_TIMEOUT_S, cancelled)
+            if ok:
+                crash_point("after-phase2")
             if not ok or rec is None:
                 if execution.cancelled:
                     raise JobStateError(f"job '{self.name}' stopped during snapshot {sid}")

@@ -1,0 +1,99 @@
+"""A member process for fault-injection tests (run as a script; the tests SIGKILL it).
+
+    python tests/member_process.py DATA_DIR EVENTS GUARANTEE [check]
+
+It opens a Member on DATA_DIR, feeds EVENTS events into the map "in" (continuing after what a
+previous, killed, process already wrote), and makes sure the job "sums" exists: map_journal("in")
+-> a keyed running (sum, count) per key -> Sinks.map("out"). Restarted on the same directory,
+the job resumes from its last snapshot by itself. With "check" it waits until the output is
+complete, writes it as JSON to DATA_DIR/result.json and exits cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from jetwake import JobConfig, Member, Pipeline, Processor, Sinks, Sources
+
+KEYS = 13
+
+
+class RunningSum(Processor):
+    """Keyed (sum, count) per key, emitted on every item; state saved in snapshots."""
+
+    def __init__(self) -> None:
+        self.state: dict = {}
+
+    def process(self, ordinal, inbox) -> None:
+        if not self.outbox.has_room():
+            return
+        out = []
+        state = self.state
+        for k, v in inbox.drain():
+            s, c = state.get(k, (0, 0))
+            state[k] = (s + v, c + 1)
+            out.append((k, state[k]))
+        self.outbox.offer_chunk(-1, out)
+
+    def save_to_snapshot(self) -> bool:
+        return self.outbox.offer_all_to_snapshot(list(self.state.items()))
+
+    def restore_from_snapshot(self, inbox) -> None:
+        self.state.update(inbox.drain())
+
+
+def build_pipeline() -> Pipeline:
+    p = Pipeline()
+    # "current": a restart that failed to restore the saved position would miss events
+    (p.read_from(Sources.map_journal("in", start="current"))
+      .map(lambda e: (e[0] % KEYS, e[1]))
+      .rebalance(lambda e: e[0])
+      .custom_transform("running-sum", RunningSum)
+      .write_to(Sinks.map("out")))
+    return p
+
+
+def expected(events: int) -> dict:
+    out: dict = {}
+    for i in range(events):
+        s, c = out.get(i % KEYS, (0, 0))
+        out[i % KEYS] = (s + i, c + 1)
+    return out
+
+
+def main() -> None:
+    data_dir, events, guarantee = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    check = len(sys.argv) > 4 and sys.argv[4] == "check"
+    member = Member(data_dir, local_parallelism=2)
+    if member.get_job("sums") is None:
+        member.new_job(build_pipeline(), JobConfig(
+            name="sums", processing_guarantee=guarantee, snapshot_interval_ms=100))
+    source = member.get_map("in")
+    for i in range(len(source), events):
+        source.put(i, i)
+        if i % 50 == 0:
+            time.sleep(0.002)
+    if not check:
+        while True:
+            time.sleep(1)
+    want = {k: list(v) for k, v in expected(events).items()}
+    out = member.get_map("out")
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        got = {k: list(v) for k, v in out.items()}
+        if sum(c for _, c in got.values()) >= events:
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)  # anything still in flight (a duplicate) would land now
+    got = {k: list(v) for k, v in out.items()}
+    with open(os.path.join(data_dir, "result.json"), "w") as f:
+        json.dump({"got": {str(k): v for k, v in got.items()},
+                   "want": {str(k): v for k, v in want.items()}}, f)
+    member.shutdown()
+
+
+if __name__ == "__main__":
+    main()
