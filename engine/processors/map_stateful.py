@@ -5,7 +5,8 @@ is emitted unless it is None. With a ``ttl`` (event time, on a stage with timest
 state is evicted when the watermark passes its last event's time plus the ttl, and
 ``on_evict(state, key, watermark)`` may return a last item to emit (it may also take only
 ``(state, key)``). An event more than ``ttl`` behind the watermark is late: its state may be
-gone, so it is counted in ``late_events`` and dropped.
+gone, so it is counted in ``late_events`` and dropped. When a finite stream ends, the states
+still alive are evicted with the watermark :data:`END_OF_TIME`.
 
 Keyless (``Stage.map_stateful``) runs on one processor with ``map_fn(state, item)``.
 """
@@ -13,6 +14,7 @@ Keyless (``Stage.map_stateful``) runs on one processor with ``map_fn(state, item
 from __future__ import annotations
 
 import heapq
+import sys
 from typing import Any, Callable
 
 from ..items import IDLE_TIMESTAMP, Watermark
@@ -20,7 +22,10 @@ from ..processor import BroadcastKey, Inbox, ProcessorContext
 from ..watermark_policy import NO_WATERMARK
 from .event_time_base import EventTimeProcessor, call_with_arity
 
-__all__ = ["MapStatefulProcessor"]
+__all__ = ["MapStatefulProcessor", "END_OF_TIME"]
+
+END_OF_TIME = sys.maxsize - 1
+"""The watermark ``on_evict`` receives for the states still alive when a finite stream ends."""
 
 
 class MapStatefulProcessor(EventTimeProcessor):
@@ -146,7 +151,13 @@ class MapStatefulProcessor(EventTimeProcessor):
         return self._flush()
 
     def complete(self) -> bool:
+        if self.ttl is not None and not self._completed:
+            # the end of a finite stream: every state expires, as if the watermark were infinite
+            self._completed = True
+            self._evict(END_OF_TIME)
         return self._flush()
+
+    _completed = False
 
     def _snapshot_entries(self):
         yield BroadcastKey("map-stateful-watermark"), self.wm

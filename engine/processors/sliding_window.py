@@ -244,11 +244,11 @@ class WindowCombineProcessor(_WindowBase):
         min_ts = self.min_ts
         late = 0
         for k, f, a in inbox.drain():
+            if f < min_ts:  # only after a restore or when an idle input woke up
+                late += 1
+                continue
             t = frames.get(f)
             if t is None:
-                if f < min_ts:  # only after a restore or an idle input woke up
-                    late += 1
-                    continue
                 t = frames[f] = {}
                 insort(self.starts, f)
             old = t.get(k, MISSING)
