@@ -7,6 +7,9 @@ The public API; the implementation lives in ``jetwake.engine``, ``jetwake.snapsh
 from .connectors.sinks import Sinks
 from .connectors.sources import Sources
 from .connectors.test_sources import TestSources
+from .engine.client import (
+    AuthenticationError, Client, MemberUnreachableError, RemoteJob, RemoteList, RemoteMap,
+)
 from .engine.abstract_processor import AbstractProcessor, FlatMapper
 from .engine.dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
 from .engine.errors import (
@@ -42,4 +45,6 @@ __all__ = [
     "SnapshotNotFoundError", "Source", "Sources", "Stage", "Traverser", "Vertex", "Watermark",
     "register_type", "TestSources", "WindowDefinition", "WindowResult", "KeyedWindowResult",
     "WindowedStage", "WindowedGroupedStage", "WatermarkPolicy", "TimestampError",
+    "Client", "RemoteJob", "RemoteMap", "RemoteList", "MemberUnreachableError",
+    "AuthenticationError",
 ]
