@@ -30,7 +30,7 @@ from itertools import repeat
 from typing import Any, Callable, Sequence
 
 from ..items import IDLE_TIMESTAMP, Watermark
-from ..pipeline.aggregate import AggregateOperation
+from ..pipeline.aggregate import AggregateOperation, _identity
 from ..pipeline.window_definition import WindowDefinition
 from ..pipeline.window_result import KeyedWindowResult, WindowResult
 from ..processor import BroadcastKey, Inbox, ProcessorContext
@@ -41,6 +41,11 @@ __all__ = ["FrameAccumulateProcessor", "WindowCombineProcessor", "SlidingWindowP
            "composite_operation"]
 
 _WM_KEY = "window-watermark"
+
+# results are built with tuple.__new__, skipping the Python-level __new__ (one call per result)
+_new = tuple.__new__
+_KWR = KeyedWindowResult
+_WR = WindowResult
 
 
 def composite_operation(ops: Sequence[AggregateOperation]) -> AggregateOperation:
@@ -331,13 +336,15 @@ class WindowCombineProcessor(_WindowBase):
             self.win_end = e
             export = op.export
             if self.keyed:
-                return [KeyedWindowResult(start, e, k, export(v[0])) for k, v in win.items()]
-            return [WindowResult(start, e, export(v[0])) for v in win.values()]
+                if export is _identity:
+                    return [_new(_KWR, (start, e, k, v[0])) for k, v in win.items()]
+                return [_new(_KWR, (start, e, k, export(v[0]))) for k, v in win.items()]
+            return [_new(_WR, (start, e, export(v[0]))) for v in win.values()]
         accs = self._combine_frames(start, e)
         finish = op.finish
         if self.keyed:
-            return [KeyedWindowResult(start, e, k, finish(a)) for k, a in accs.items()]
-        return [WindowResult(start, e, finish(a)) for a in accs.values()]
+            return [_new(_KWR, (start, e, k, finish(a))) for k, a in accs.items()]
+        return [_new(_WR, (start, e, finish(a))) for a in accs.values()]
 
     def _frames_in(self, start: int, end: int) -> list[int]:
         starts = self.starts
