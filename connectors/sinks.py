@@ -83,3 +83,33 @@ class Sinks:
         _check_fn(to_string, "Sinks.logger() to_string")
         return Sink("logger-sink", ProcessorMetaSupplier.of(
             lambda: LoggerSinkProcessor(to_string, level), 1))
+
+    @staticmethod
+    def kafka(topic: str, properties: dict, *, key_fn: Callable[[Any], Any] | None = None,
+              value_fn: Callable[[Any], Any] | None = None, key_serializer: Any = None,
+              value_serializer: Any = None, exactly_once: "bool | None" = None) -> Sink:
+        """Writes items to the Kafka ``topic``.
+
+        Without ``key_fn``/``value_fn`` a ``(key, value)`` tuple is written as such and any
+        other item as a value without key. Serializers: None (bytes or str), "str", "json",
+        "msgpack" or a callable. ``exactly_once``: None follows the job's processing
+        guarantee (transactions under exactly_once); False forces at-least-once (an
+        idempotent producer flushed at every snapshot). See docs/kafka.md.
+        """
+        from .kafka_properties import sink_properties
+        from .kafka_serde import make_serializer
+        from .kafka_sink import KafkaSinkProcessor
+
+        where = "Sinks.kafka()"
+        _check_name(topic, where)
+        props, opts = sink_properties(properties, where)
+        _check_fn(key_fn, f"{where} key_fn")
+        _check_fn(value_fn, f"{where} value_fn")
+        ks = make_serializer(key_serializer, f"{where} key_serializer")
+        vs = make_serializer(value_serializer, f"{where} value_serializer")
+        if exactly_once not in (None, True, False):
+            raise TypeError(f"{where}: exactly_once must be None, True or False, got "
+                            f"{exactly_once!r}")
+        return Sink(f"kafka-sink-{topic}", ProcessorMetaSupplier.of(
+            lambda: KafkaSinkProcessor(topic, props, opts, key_fn, value_fn, ks, vs,
+                                       exactly_once)))

@@ -70,3 +70,68 @@ class Sources:
                              f"got {on_overrun!r}")
         return Source(f"map-journal-{name}", ProcessorMetaSupplier.of(
             lambda: MapJournalSourceProcessor(name, start, on_overrun), 1), is_stream=True)
+
+    @staticmethod
+    def kafka(topics: "str | Sequence[str]", properties: dict, *,
+              key_deserializer: Any = None, value_deserializer: Any = None,
+              start: "str | int" = "earliest", projection: Any = None,
+              on_error: str = "fail", dead_letter_topic: "str | None" = None) -> Source:
+        """A stream of the records of Kafka ``topics`` as ``(key, value)`` tuples (or
+        ``projection(record)``), replayable from the offsets kept in the job's snapshots.
+
+        ``properties``: librdkafka consumer settings (``bootstrap.servers`` at least; see
+        docs/kafka.md for the ``jetwake.*`` options). Deserializers: None (raw bytes), "str",
+        "json", "msgpack" or a callable. ``start``: "earliest", "latest" or a timestamp (ms)
+        for partitions without a saved offset. ``projection(record)`` sees ``.topic
+        .partition .offset .timestamp .key .value .headers``. ``on_error``: "fail" (a record
+        that cannot be deserialized fails the job) or "dead_letter" (it goes to
+        ``dead_letter_topic`` with the error in its headers). Record timestamps are the
+        native timestamps (``with_native_timestamps(lag)``).
+        """
+        from ..engine.pipeline.event_time import native_pair_timestamp
+        from .kafka_properties import source_properties
+        from .kafka_serde import make_deserializer
+        from .kafka_source import KafkaSourceProcessor
+
+        where = "Sources.kafka()"
+        if isinstance(topics, str):
+            topics = [topics]
+        if not isinstance(topics, (list, tuple)) or not topics or not all(
+                isinstance(t, str) and t.strip() for t in topics):
+            raise ValueError(f"{where}: topics must be a topic name or a non-empty list of "
+                             f"names, got {topics!r}")
+        if len(set(topics)) != len(topics):
+            raise ValueError(f"{where}: topics listed twice in {topics!r}")
+        props, opts = source_properties(properties, where)
+        kd = make_deserializer(key_deserializer, f"{where} key_deserializer")
+        vd = make_deserializer(value_deserializer, f"{where} value_deserializer")
+        if not (start in ("earliest", "latest") or (
+                isinstance(start, int) and not isinstance(start, bool) and start >= 0)):
+            raise ValueError(f"{where}: start must be 'earliest', 'latest' or a timestamp in "
+                             f"ms since the epoch, got {start!r}")
+        if projection is not None and not callable(projection):
+            raise TypeError(f"{where}: projection must be a callable record -> item, got "
+                            f"{type(projection).__qualname__}")
+        if on_error not in ("fail", "dead_letter"):
+            raise ValueError(f"{where}: on_error must be 'fail' or 'dead_letter', got "
+                             f"{on_error!r}")
+        if on_error == "dead_letter":
+            if not isinstance(dead_letter_topic, str) or not dead_letter_topic.strip():
+                raise ValueError(f"{where}: on_error='dead_letter' needs dead_letter_topic, "
+                                 "the topic that receives the records that cannot be read")
+            if dead_letter_topic in topics:
+                raise ValueError(f"{where}: the dead-letter topic {dead_letter_topic!r} is "
+                                 "also a source topic")
+        elif dead_letter_topic is not None:
+            raise ValueError(f"{where}: dead_letter_topic is only used with "
+                             "on_error='dead_letter'")
+        topic_list = list(topics)
+        dlq = dead_letter_topic if on_error == "dead_letter" else None
+
+        def make() -> KafkaSourceProcessor:
+            return KafkaSourceProcessor(topic_list, props, opts, kd, vd, start, projection,
+                                        on_error, dlq)
+
+        return Source(f"kafka-source-{'-'.join(topic_list)}"[:120],
+                      ProcessorMetaSupplier.of(make), is_stream=True,
+                      timestamp_fn=native_pair_timestamp)
