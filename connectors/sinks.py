@@ -26,6 +26,11 @@ def _check_fn(fn: Any, where: str) -> None:
         raise TypeError(f"{where} must be a callable, got {type(fn).__qualname__}")
 
 
+def _key(entry: Any) -> Any:
+    """The key of a (key, value) entry; a malformed entry is reported by the sink itself."""
+    return entry[0] if type(entry) is tuple and len(entry) == 2 else None
+
+
 class Sinks:
     """Factories of pipeline sinks."""
 
@@ -41,8 +46,9 @@ class Sinks:
         _check_fn(value_fn, "Sinks.map() value_fn")
         if (key_fn is None) != (value_fn is None):
             raise ValueError("Sinks.map(): pass both key_fn and value_fn, or neither")
+        # routed by key, so the puts of one key keep their order (the last value wins)
         return Sink(f"map-sink-{name}", ProcessorMetaSupplier.of(
-            lambda: MapSinkProcessor(name, key_fn, value_fn)))
+            lambda: MapSinkProcessor(name, key_fn, value_fn)), partition_key_fn=key_fn or _key)
 
     @staticmethod
     def map_with_merging(name: str, merge_fn: Callable[[Any, Any], Any],
@@ -59,9 +65,9 @@ class Sinks:
             raise ValueError("Sinks.map_with_merging(): pass both key_fn and value_fn, or "
                              "neither")
         # one writer per key, so a read-merge-write is never interleaved with another
-        key = key_fn or (lambda e: e[0])
         return Sink(f"map-sink-{name}", ProcessorMetaSupplier.of(
-            lambda: MapSinkProcessor(name, key_fn, value_fn, merge_fn)), partition_key_fn=key)
+            lambda: MapSinkProcessor(name, key_fn, value_fn, merge_fn)),
+            partition_key_fn=key_fn or _key)
 
     @staticmethod
     def list(name: str) -> Sink:

@@ -9,6 +9,7 @@ snapshot.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -142,7 +143,8 @@ class JobCoordinator:
             ctx = PlanContext(job_id=self.job_id, job_name=self.name,
                               processing_guarantee=self.config.processing_guarantee,
                               default_parallelism=self._default_parallelism(),
-                              member=self.member, snapshot=snapshot)
+                              member=self.member, snapshot=snapshot,
+                              state_factory=self._state_factory())
             tasklets = build_tasklets(self.dag, ctx)
             initialized = []
             try:
@@ -176,6 +178,19 @@ class JobCoordinator:
                 target=self._snapshot_loop, args=(execution,), daemon=True,
                 name=f"jetwake-snapshots-{self.name}")
             self._snapshotter.start()
+
+    def _state_factory(self):
+        """Creates each processor's keyed state store, per JobConfig.state_backend."""
+        if self.config.state_backend != "rocksdb":
+            return None
+        from ..snapshot.state_backend import RocksDBStateBackend
+        root = os.path.join(self.member.data_dir, "state", self.job_id,  # type: ignore[arg-type]
+                            f"execution-{self.restart_count}-{time.monotonic_ns()}")
+        cache = self.config.state_cache_bytes
+
+        def factory(vertex: str, index: int, name: str) -> RocksDBStateBackend:
+            return RocksDBStateBackend(os.path.join(root, vertex, str(index), name), cache)
+        return factory
 
     def _load_state(self, restore: str) -> tuple[dict | None, int, str]:
         if restore == "initial" and self.config.initial_snapshot_name:

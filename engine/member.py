@@ -120,6 +120,9 @@ class Member:
             config = JobConfig()
         elif not isinstance(config, JobConfig):
             raise TypeError(f"new_job() expects a JobConfig, got {type(config).__qualname__}")
+        if config.state_backend == "rocksdb" and self.data_dir is None:
+            raise ValueError("JobConfig(state_backend='rocksdb') keeps state on disk and needs a "
+                             "member with a data directory: Member(data_dir=...)")
         with self._lock:
             if config.name is not None:
                 existing = self._find_by_name(config.name)

@@ -233,6 +233,26 @@ class ProcessorContext:
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("jetwake"))
     metrics: dict = field(default_factory=dict)
     snapshot: "SnapshotContext | None" = None
+    # (vertex, processor index, name) -> a keyed state backend; chosen by JobConfig
+    state_factory: Any = None
+    _states: list = field(default_factory=list)
+
+    def keyed_state(self, name: str = "state"):
+        """A keyed state store for this processor: in memory, or RocksDB with a write-back
+        cache when the job's ``JobConfig.state_backend`` is "rocksdb". Its content is the
+        processor's to save in snapshots; it is deleted when the execution ends."""
+        if self.state_factory is None:
+            from ..snapshot.state_backend import InMemoryStateBackend
+            backend = InMemoryStateBackend()
+        else:
+            backend = self.state_factory(self.vertex_name, self.global_processor_index, name)
+        self._states.append(backend)
+        return backend
+
+    def release_state(self) -> None:
+        for backend in self._states:
+            backend.destroy()
+        self._states.clear()
 
 
 class Processor:

@@ -74,14 +74,17 @@ class SnapshotContext:
     def _wait(self, predicate, timeout: float, cancelled) -> bool:
         with self._cond:
             end = _now() + timeout
-            while not predicate():
+            while True:
+                # a cancelled execution cannot complete a snapshot, even if all its tasklets
+                # have ended: their state was never saved
                 if cancelled() or self.error is not None:
                     return False
+                if predicate():
+                    return True
                 remaining = end - _now()
                 if remaining <= 0:
                     return False
                 self._cond.wait(min(remaining, 0.05))
-            return True
 
     # --- tasklet side ----------------------------------------------------------------------
 
@@ -113,8 +116,11 @@ class SnapshotContext:
                 self._cond.notify_all()
 
     def tasklet_ended(self, tasklet: "ProcessorTasklet") -> None:
+        """A tasklet stopped; only one that completed normally saved its final state and
+        counts as done for later snapshots."""
         with self._cond:
-            self._ended.add(id(tasklet))
+            if tasklet.is_done:
+                self._ended.add(id(tasklet))
             self._cond.notify_all()
 
 

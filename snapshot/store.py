@@ -229,7 +229,8 @@ class SnapshotStore:
     def read(self, rec: CommitRecord) -> dict[str, list[tuple[Any, Any]]]:
         """Every saved entry per vertex; raises SnapshotDamagedError if data is damaged."""
         if rec.name is not None:
-            blobs = self._load_blobs(self._export_dir(rec.name), rec, ("export", rec.name))
+            blobs = self._load_blobs(self._export_dir(rec.name) if self.root else None, rec,
+                                     ("export", rec.name))
         else:
             blobs = self._load_blobs(self._snap_dir(rec.job_id, rec.snapshot_id) if self.root
                                      else None, rec, (rec.job_id, rec.snapshot_id))

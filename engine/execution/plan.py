@@ -35,6 +35,7 @@ class PlanContext:
     member_count: int = 1
     outbox_capacity: int = 4096
     snapshot: Any = None
+    state_factory: Any = None
 
 
 def resolve_parallelism(dag: DAG, default: int) -> dict[str, int]:
@@ -83,7 +84,7 @@ def build_tasklets(dag: DAG, ctx: PlanContext) -> list[ProcessorTasklet]:
                 processing_guarantee=ctx.processing_guarantee,
                 owned_partitions=tuple(partitions_of_processor(
                     ctx.member_index, ctx.member_count, i, n)),
-                member=ctx.member, snapshot=ctx.snapshot)
+                member=ctx.member, snapshot=ctx.snapshot, state_factory=ctx.state_factory)
             tasklets.append(ProcessorTasklet(proc, pctx, inbound, outbound, coalescer,
                                              ctx.outbox_capacity, ctx.snapshot))
     return tasklets

@@ -246,7 +246,10 @@ class ProcessorTasklet:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.processor.close()
+            try:
+                self.processor.close()
+            finally:
+                self.context.release_state()
 
     @property
     def is_done(self) -> bool:
