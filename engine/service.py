@@ -499,8 +499,15 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
 
     where = data_dir or "memory only: jobs and state are lost at exit"
     log.info("jetwake %s member starting (pid %d, data: %s)", version(), os.getpid(), where)
-    member = Member(data_dir, cooperative_threads=cooperative_threads,
-                    local_parallelism=local_parallelism)
+    try:
+        member = Member(data_dir, cooperative_threads=cooperative_threads,
+                        local_parallelism=local_parallelism)
+    except (OSError, ValueError) as e:
+        log.error("cannot start the member: %s", e)
+        return 1
+    except Exception as e:  # noqa: BLE001 - e.g. an unreadable job record in the data dir
+        log.exception("cannot start the member: %s", e)
+        return 1
     try:
         service = MemberService(member, host, port, token)
     except OSError as e:

@@ -335,6 +335,11 @@ def test_error_cases(tmp_path, counter_py):
             assert r.stderr.strip().splitlines()[-1].startswith("jetwake: error: ")
             return r.stderr
 
+        # a second member on the same port: one clear line, exit code 1
+        r = subprocess.run([sys.executable, "-m", "jetwake.engine.cli", "member", "start",
+                            "--port", str(member.port)], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{member.port}" in r.stderr
         # member not reachable: the address tried is in the message
         dead = f"127.0.0.1:{free_port()}"
         assert dead in err(cli("list-jobs", address=dead), 3)
