@@ -99,8 +99,11 @@ def test_early_results_are_emitted_for_a_long_window_before_it_closes():
             time.sleep(0.05)
         job.cancel()
     assert len(early) >= 3
-    counts = [r.result for r in early if r.end - r.start == 60_000]
-    assert counts == sorted(counts) and counts[-1] > 0  # partial counts grow
+    by_window = defaultdict(list)
+    for r in early:
+        by_window[r.start].append(r.result)
+    for counts in by_window.values():  # a window's partial counts only grow
+        assert counts == sorted(counts) and counts[-1] > 0
 
 
 def test_item_stream_is_rate_limited_and_carries_native_timestamps():
