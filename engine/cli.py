@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from datetime import datetime
@@ -188,23 +189,49 @@ def _print_json(doc: Any) -> None:
 
 
 class _Progress:
-    """A one-line progress display on a terminal (nothing when stderr is not a TTY)."""
+    """A one-line progress display on a terminal (nothing when stderr is not a TTY): the
+    operation, the job's last known status and the elapsed time, refreshed by a thread while
+    a request blocks and by the status polls while waiting."""
 
     def __init__(self, what: str) -> None:
         self.what = what
+        self.status: str | None = None
         self.tty = sys.stderr.isatty()
         self.shown = False
+        self._t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _show(self) -> None:
+        now = f" (job is {self.status})" if self.status else ""
+        sys.stderr.write(f"\r{self.what}{now}... {time.monotonic() - self._t0:.0f}s \033[K")
+        sys.stderr.flush()
+        self.shown = True
+
+    def __enter__(self) -> "_Progress":
+        if self.tty:
+            def tick() -> None:
+                while not self._stop.wait(0.25):
+                    self._show()
+            self._thread = threading.Thread(target=tick, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done()
 
     def __call__(self, info: dict, elapsed: float) -> None:
-        if self.tty:
-            sys.stderr.write(f"\r{self.what} (job is {info['status']})... {elapsed:.0f}s ")
-            sys.stderr.flush()
-            self.shown = True
+        self.status = info["status"]
 
     def done(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
         if self.shown:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
+            self.shown = False
 
 
 # --- commands ----------------------------------------------------------------------------------
@@ -215,23 +242,35 @@ def _client(args: argparse.Namespace):
     address = getattr(args, "address", None) or os.environ.get("JETWAKE_ADDRESS") \
         or DEFAULT_ADDRESS
     token = getattr(args, "token", None) or os.environ.get("JETWAKE_TOKEN") or None
+    timeout = getattr(args, "timeout", None)
     try:
-        return Client(address, token=token)
+        return Client(address, token=token,
+                      request_timeout=max(timeout, 1.0) if timeout else 300.0)
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
 
 
+def _request(job, args: argparse.Namespace, what: str, action: str, **kw: Any) -> Any:
+    """Sends a job action; blocking ones (a terminal snapshot) show progress meanwhile."""
+    if getattr(args, "no_wait", False):
+        return job._action(action, background=True, **kw)
+    with _Progress(what):
+        try:
+            return job._action(action, **kw)
+        except TimeoutError:
+            raise CliError(f"timed out after {args.timeout:g} s: {what.lower()} (the member "
+                           "may still complete it; try a longer --timeout)") from None
+
+
 def _wait(job, args: argparse.Namespace, what: str,
           check: Callable[[dict], bool] | set) -> dict:
-    progress = _Progress(what)
-    try:
-        return job.wait_for_status(check, args.timeout, progress)
-    except TimeoutError:
-        progress.done()
-        raise CliError(f"timed out after {args.timeout:g} s: {what.lower()}; the job is "
-                       f"{job._info['status']} (try again with a longer --timeout)") from None
-    finally:
-        progress.done()
+    with _Progress(what) as progress:
+        try:
+            return job.wait_for_status(check, args.timeout, progress)
+        except TimeoutError:
+            raise CliError(f"timed out after {args.timeout:g} s: {what.lower()}; the job is "
+                           f"{job._info['status']} (try again with a longer --timeout)") \
+                from None
 
 
 def cmd_member_start(args: argparse.Namespace) -> int:
@@ -330,7 +369,9 @@ def _job_command(args: argparse.Namespace, action: str) -> int:
     with _client(args) as client:
         job = client.job(args.job)
         before = job._info.get("starts", 0)
-        job._action(action)
+        what = {"suspend": "Suspending", "resume": "Resuming", "restart": "Restarting",
+                "cancel": "Cancelling"}[action]
+        _request(job, args, f"{what} job '{job.name}'", action)
         label = f"'{job.name}' ({job.id})"
         if args.no_wait:
             print(f"Job {label}: {action} requested")
@@ -359,7 +400,12 @@ def cmd_save_snapshot(args: argparse.Namespace) -> int:
     with _client(args) as client:
         job = client.job(args.job)
         action = "cancel_and_export_snapshot" if args.cancel else "export_snapshot"
-        rec = job._action(action, name=args.name)
+        if args.no_wait and args.cancel:
+            job._action(action, name=args.name, background=True)
+            print(f"Job '{job.name}' ({job.id}): export of '{args.name}' and cancel requested")
+            return EXIT_OK
+        rec = _request(job, args, f"Exporting a snapshot of job '{job.name}'", action,
+                       name=args.name)
         print(f"Exported snapshot '{args.name}' of job '{job.name}' ({job.id}): "
               f"snapshot {rec['snapshot_id']}, {rec['entry_count']} entries, "
               f"{_size(rec['size_bytes'])}")
@@ -589,15 +635,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AuthenticationError as e:
         print(f"jetwake: error: {e} (set --token or JETWAKE_TOKEN)", file=sys.stderr)
         return EXIT_AUTH
-    except (JetwakeError, ValueError, TypeError, KeyError, TimeoutError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"jetwake: error: {msg}", file=sys.stderr)
-        return EXIT_FAILED
     except KeyboardInterrupt:
         print("\njetwake: interrupted (the member carries on with what it was asked)",
               file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
+        return EXIT_FAILED
+    except Exception as e:  # noqa: BLE001 - errors from the member, of any class
+        if os.environ.get("JETWAKE_DEBUG"):
+            raise
+        if isinstance(e, KeyError) and e.args:
+            msg = str(e.args[0])
+        elif isinstance(e, (JetwakeError, ValueError, TimeoutError)):
+            msg = str(e)
+        else:
+            msg = f"{type(e).__name__}: {e}"
+        print(f"jetwake: error: {msg}", file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -193,6 +193,11 @@ class Client:
             try:
                 write_frame(sock, request)  # type: ignore[arg-type]
                 data = read_frame(sock)  # type: ignore[arg-type]
+            except socket.timeout:
+                self._sock = None  # the answer may still come: this connection is done
+                sock.close()  # type: ignore[union-attr]
+                raise TimeoutError(f"no answer from the member at {self.host}:{self.port} "
+                                   f"within {self.request_timeout:g} s ('{op}')") from None
             except (OSError, ProtocolError) as e:
                 self._sock = None
                 try:

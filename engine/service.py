@@ -160,6 +160,7 @@ class MemberService:
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
         self.server = Server((host, port), Handler)
         self.address = self.server.server_address[:2]
@@ -346,9 +347,25 @@ class MemberService:
         return [self._job_info(c) for c in coords]
 
     def op_job_action(self, peer: str, id: str, action: str,  # noqa: A002
-                      name: str | None = None) -> Any:
+                      name: str | None = None, background: bool = False) -> Any:
         c = self._coordinator(id)
         log.debug("client %s: %s job %s", peer, action, c.name)
+        if background:  # check the state now, run the (maybe slow) action on its own thread
+            need = {"suspend": JobStatus.RUNNING, "restart": JobStatus.RUNNING,
+                    "resume": JobStatus.SUSPENDED}.get(action)
+            if need is not None:
+                c._require(need, action)
+            elif c.status.is_terminal:
+                raise JobStateError(f"job '{c.name}' is already {c.status.value}")
+
+            def run() -> None:
+                try:
+                    self.op_job_action(peer, id, action, name)
+                except Exception as e:  # noqa: BLE001 - nobody waits for the answer
+                    log.warning("job '%s' (%s): %s requested by %s failed: %s: %s", c.name,
+                                c.job_id, action, peer, type(e).__name__, e)
+            threading.Thread(target=run, daemon=True, name=f"jetwake-{action}").start()
+            return self._job_info(c)
         if action == "cancel":
             c.cancel()
         elif action == "suspend":

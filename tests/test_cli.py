@@ -223,6 +223,12 @@ def test_job_lifecycle_through_the_cli(tmp_path, counter_py):
         r = cli("suspend", "counter", address=a)
         assert r.returncode == 1 and "SUSPENDED" in r.stderr and r.stderr.count("\n") == 1
         assert "RUNNING" in ok(cli("resume", job_id, address=a))
+        assert "suspend requested" in ok(cli("suspend", "counter", "--no-wait", address=a))
+        wait_until(lambda: json.loads(ok(cli("status", "counter", "--json", address=a)))
+                   ["status"] == "SUSPENDED", what="the suspension")
+        ok(cli("resume", "counter", "--no-wait", address=a))
+        wait_until(lambda: json.loads(ok(cli("status", "counter", "--json", address=a)))
+                   ["status"] == "RUNNING", what="the resumption")
         assert "restarted: RUNNING" in ok(cli("restart", "counter", address=a))
 
         out = ok(cli("save-snapshot", "counter", "snap1", address=a))
