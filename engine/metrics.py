@@ -14,8 +14,10 @@ kept for jobs that are gone):
 ``jetwake_vertex_late_events_total``   counter events dropped as late (windows, stateful)
 ``jetwake_vertex_<counter>_total``     counter any other counter a processor keeps in
                                                ``context.metrics`` (``bad_timestamps``...)
-``jetwake_vertex_<name>_lag``          gauge   processor values whose name ends in ``lag``
-                                               (``kafka_consumer_lag`` from Kafka sources)
+``jetwake_vertex_kafka_consumer_lag``  gauge   records behind the log end, Kafka sources
+                                               (read from the source's consumer, or a
+                                               ``kafka_consumer_lag`` value it reports)
+``jetwake_vertex_<name>_lag``          gauge   other processor values ending in ``lag``
 ``jetwake_snapshot_duration_ms``       gauge   the job's last snapshot: duration
 ``jetwake_snapshot_size_bytes``        gauge   ... its size
 ``jetwake_snapshot_entries``           gauge   ... its entry count
@@ -45,7 +47,7 @@ from .job_status import JobStatus
 if TYPE_CHECKING:  # pragma: no cover
     from .member import Member
 
-__all__ = ["JetwakeCollector", "MetricsServer", "vertex_gauges"]
+__all__ = ["JetwakeCollector", "MetricsServer", "vertex_gauges", "kafka_consumer_lag"]
 
 log = logging.getLogger("jetwake.metrics")
 
@@ -75,12 +77,47 @@ def vertex_gauges(coordinator) -> dict[str, dict[str, float]]:
                     if cap > 0:
                         fill = max(fill, len(q) / cap)
         g["queue_fill_ratio"] = max(g.get("queue_fill_ratio", 0.0), fill)
+        if "kafka_consumer_lag" not in t.context.metrics:
+            klag = kafka_consumer_lag(t.processor)
+            if klag is not None:
+                g["kafka_consumer_lag"] = g.get("kafka_consumer_lag", 0) + klag
         coalescer = getattr(t, "coalescer", None)
         wm = getattr(coalescer, "last_emitted", _NO_WATERMARK) if coalescer else _NO_WATERMARK
         if isinstance(wm, int) and wm > _NO_WATERMARK and wm > 0:
             lag = max(0.0, now_ms - wm)
             g["watermark_lag_ms"] = max(g.get("watermark_lag_ms", 0.0), lag)
     return out
+
+
+def kafka_consumer_lag(processor) -> int | None:
+    """Records behind the end of the log, summed over the partitions a Kafka source processor
+    reads: the high watermark librdkafka last saw (cached: no broker call) minus the
+    consumer's position. None for other processors, or before the first fetch."""
+    consumer = getattr(processor, "consumer", None)
+    owned = getattr(processor, "owned", None)
+    if consumer is None or not owned or not hasattr(consumer, "get_watermark_offsets"):
+        return None
+    try:
+        from confluent_kafka import TopicPartition
+        tps = [TopicPartition(t, p) for t, p in list(owned)]
+        positions = consumer.position(tps)
+        lag, known = 0, False
+        for tpo in positions:
+            _, hi = consumer.get_watermark_offsets(TopicPartition(tpo.topic, tpo.partition),
+                                                   cached=True)
+            if hi is None or hi < 0:
+                continue
+            pos = tpo.offset
+            if pos < 0:  # nothing consumed yet from this partition
+                pos = getattr(processor, "start_offsets", {}).get((tpo.topic, tpo.partition),
+                                                                  -1)
+                if pos < 0:
+                    continue
+            lag += max(0, hi - pos)
+            known = True
+        return lag if known else None
+    except Exception:  # noqa: BLE001 - a closed consumer, a partition being reassigned
+        return None
 
 
 class JetwakeCollector:
@@ -121,6 +158,9 @@ class JetwakeCollector:
         wm_lag = GaugeMetricFamily("jetwake_vertex_watermark_lag_ms",
                                    "Wall clock minus the vertex's input watermark, ms",
                                    labels=["job", "job_id", "vertex"])
+        kafka_lag = GaugeMetricFamily("jetwake_vertex_kafka_consumer_lag",
+                                      "Kafka records behind the end of the partitions the "
+                                      "vertex reads", labels=["job", "job_id", "vertex"])
         late = CounterMetricFamily("jetwake_vertex_late_events",
                                    "Events dropped because they were late",
                                    labels=["job", "job_id", "vertex"])
@@ -170,6 +210,9 @@ class JetwakeCollector:
                     if key == "late_events":
                         late.add_metric(vl, value)
                         continue
+                    if key == "kafka_consumer_lag":
+                        kafka_lag.add_metric(vl, value)
+                        continue
                     name = _metric_name(key)
                     fam = custom.get(name)
                     if fam is None:
@@ -188,8 +231,10 @@ class JetwakeCollector:
                 fill.add_metric(vl, g.get("queue_fill_ratio", 0.0))
                 if "watermark_lag_ms" in g:
                     wm_lag.add_metric(vl, g["watermark_lag_ms"])
-        yield from (status, restarts, items_in, items_out, fill, wm_lag, late, snap_ms,
-                    snap_bytes, snap_entries, snap_id, snap_count)
+                if "kafka_consumer_lag" in g:
+                    kafka_lag.add_metric(vl, g["kafka_consumer_lag"])
+        yield from (status, restarts, items_in, items_out, fill, wm_lag, kafka_lag, late,
+                    snap_ms, snap_bytes, snap_entries, snap_id, snap_count)
         yield from custom.values()
 
 

@@ -300,3 +300,45 @@ def test_metrics_and_health(service, client):
         assert e.value.code == 503
     finally:
         ms.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.kafka
+def test_kafka_consumer_lag_metric(kafka_bootstrap, kafka_topic):
+    """A slow job over a backlog: the source is held back by backpressure, so Kafka still
+    holds records it has not fetched, and the collector reports them."""
+    from confluent_kafka import Producer
+    from prometheus_client import CollectorRegistry
+
+    from jetwake.engine.metrics import JetwakeCollector
+
+    total = 150_000
+    topic = kafka_topic(partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20})
+    for i in range(total):
+        producer.produce(topic, value=b"x")
+        if i % 10_000 == 0:
+            producer.poll(0)
+    producer.flush(30)
+
+    def slow(item):
+        time.sleep(0.001)
+        return item
+
+    p = Pipeline()
+    (p.read_from(Sources.kafka(topic, {"bootstrap.servers": kafka_bootstrap}))
+      .map(slow).write_to(Sinks.list("out")))
+    registry = CollectorRegistry(auto_describe=False)
+    with Member() as member:
+        registry.register(JetwakeCollector(member))
+        job = member.new_job(p, JobConfig(name="kafka-lag"))
+        vertex = next(v for v in job.metrics() if v.startswith("kafka-source"))
+
+        def lag() -> float:
+            return registry.get_sample_value(
+                "jetwake_vertex_kafka_consumer_lag",
+                {"job": "kafka-lag", "job_id": job.id, "vertex": vertex}) or 0
+
+        wait_until(lambda: lag() > 0, 30, "a positive consumer lag")
+        assert lag() <= total
+        job.cancel()
