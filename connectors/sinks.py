@@ -11,6 +11,7 @@ from .files import FileSinkProcessor
 from .lists import ListSinkProcessor
 from .logger import LoggerSinkProcessor
 from .maps import MapSinkProcessor
+from .noop import NoopSinkProcessor
 
 __all__ = ["Sinks"]
 
@@ -82,6 +83,11 @@ class Sinks:
         _check_name(directory, "Sinks.files()")
         return Sink("file-sink", ProcessorMetaSupplier.of(
             lambda: FileSinkProcessor(directory, encoding)))
+
+    @staticmethod
+    def noop() -> Sink:
+        """Discards every item."""
+        return Sink("noop-sink", ProcessorMetaSupplier.of(NoopSinkProcessor))
 
     @staticmethod
     def logger(to_string: Callable[[Any], str] = str, level: int = logging.INFO) -> Sink:

@@ -349,6 +349,11 @@ class JobCoordinator:
 
     # --- operations --------------------------------------------------------------------------
 
+    @property
+    def is_stopping(self) -> bool:
+        """Whether the current execution is being stopped (cancel, suspend, restart)."""
+        return self._stop_reason != _STOP_NONE
+
     def _stop_execution(self, reason: int) -> Execution | None:
         with self._lock:
             self._stop_reason = reason
@@ -381,7 +386,6 @@ class JobCoordinator:
 
     def restart(self) -> None:
         self._require(JobStatus.RUNNING, "restart")
-        self.restart_count += 1
         self._stop_execution(_STOP_RESTART)
 
     def export_snapshot(self, name: str, cancel: bool = False) -> CommitRecord:

@@ -208,6 +208,10 @@ class Member:
         for c in list(self._jobs.values()):
             if c.status.is_terminal or c.status == JobStatus.SUSPENDED:
                 continue
+            if c.is_stopping:  # already being cancelled or suspended: let it end
+                c.wait_for_status({JobStatus.SUSPENDED, JobStatus.FAILED,
+                                   JobStatus.COMPLETED}, 10)
+                continue
             try:
                 if graceful and c.config.snapshots_enabled and c.status == JobStatus.RUNNING:
                     c.suspend()

@@ -59,7 +59,12 @@ def register_type(type_id: int, cls: type, to_fn: Callable[[Any], Any],
 
 
 def _default(obj: Any) -> Any:
-    # strict_types=True sends subclasses and tuples here, so that a tuple stays a tuple
+    # strict_types=True sends subclasses and tuples here, so that a tuple stays a tuple;
+    # registered classes first, since a NamedTuple is a tuple too
+    type_id = _registered_by_cls.get(type(obj))
+    if type_id is not None:
+        _, to_fn, _ = _registered_by_id[type_id]
+        return msgpack.ExtType(_EXT_REGISTERED, _pack([type_id, to_fn(obj)]))
     if isinstance(obj, tuple):
         return msgpack.ExtType(_EXT_TUPLE, _pack(list(obj)))
     if isinstance(obj, bool):
@@ -87,10 +92,6 @@ def _default(obj: Any) -> Any:
         return dict(obj)
     if isinstance(obj, list):
         return list(obj)
-    type_id = _registered_by_cls.get(type(obj))
-    if type_id is not None:
-        _, to_fn, _ = _registered_by_id[type_id]
-        return msgpack.ExtType(_EXT_REGISTERED, _pack([type_id, to_fn(obj)]))
     raise SerializationError(
         f"cannot serialize {type(obj).__qualname__} ({_short(obj)}): use msgpack-able values "
         "(None, bool, int, float, str, bytes, list, tuple, dict, set, datetime) or call "

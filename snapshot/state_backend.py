@@ -73,6 +73,9 @@ def _wanted_partitions(partitions: Iterable[int] | None) -> list[int]:
     return wanted
 
 
+_ABSENT = object()
+
+
 class KeyedStateBackend(ABC):
     """Key -> value state of one processor, addressable per partition.
 
@@ -130,6 +133,30 @@ class KeyedStateBackend(ABC):
 
     def __iter__(self) -> Iterator[Any]:
         return self.keys()
+
+    # the dict protocol, so a processor can hold either a dict or a backend
+    def __getitem__(self, key: Any) -> Any:
+        value = self.get(key, _ABSENT)
+        if value is _ABSENT:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.put(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        if key not in self:
+            raise KeyError(key)
+        self.delete(key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        value = self.get(key, _ABSENT)
+        if value is _ABSENT:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        self.delete(key)
+        return value
 
     def __enter__(self) -> "KeyedStateBackend":
         return self

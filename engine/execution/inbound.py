@@ -65,6 +65,9 @@ class InboundEdgeStream:
                     wm = self._coalescer.observe(self._offset + i, entry.timestamp)
                     if wm is not None:
                         new_wm = wm
+                        # stop at the watermark: what follows it in this queue is drained
+                        # only after the processor has seen the watermark (Jet does so too)
+                        break
                 elif type(entry) is SnapshotBarrier:
                     self._barrier[i] = entry.snapshot_id
                     if self._align:

@@ -51,6 +51,8 @@ class MapStatefulProcessor(EventTimeProcessor):
         if self.ttl is not None:
             context.metrics.setdefault("late_events", 0)
             context.metrics.setdefault("evicted_keys", 0)
+        if context.state_factory is not None:  # JobConfig(state_backend="rocksdb")
+            self.states = context.keyed_state("states")
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if not self._flush():
@@ -70,6 +72,7 @@ class MapStatefulProcessor(EventTimeProcessor):
                     r = map_fn(state, x)
                     if r is not None:
                         append(r)
+                states[None] = state  # a store outside memory keeps copies: write back
             else:
                 for x in items:
                     k = key_fn(x)
@@ -77,6 +80,7 @@ class MapStatefulProcessor(EventTimeProcessor):
                     if state is None and k not in states:
                         state = states[k] = create_fn()
                     r = map_fn(state, k, x)
+                    states[k] = state
                     if r is not None:
                         append(r)
             self._emit(out)
@@ -101,6 +105,7 @@ class MapStatefulProcessor(EventTimeProcessor):
             elif ttl is not None and t > last_ts[k]:
                 last_ts[k] = t
             r = map_fn(state, k, x) if key_fn is not None else map_fn(state, x)
+            states[k] = state
             if r is not None:
                 append((t, r))
         if late:
@@ -160,6 +165,8 @@ class MapStatefulProcessor(EventTimeProcessor):
     _completed = False
 
     def _snapshot_entries(self):
+        if not isinstance(self.states, dict):
+            self.states.flush()  # phase 1: the write-back cache reaches disk in one batch
         yield BroadcastKey("map-stateful-watermark"), self.wm
         last_ts = self.last_ts
         for k, state in self.states.items():

@@ -25,6 +25,11 @@ class RollingAggregateProcessor(EventTimeProcessor):
         self.timestamped = timestamped
         self.accs: dict = {}
 
+    def init(self, context) -> None:
+        super().init(context)
+        if context.state_factory is not None:  # JobConfig(state_backend="rocksdb")
+            self.accs = context.keyed_state("accumulators")
+
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if not self._flush():
             return
@@ -66,6 +71,8 @@ class RollingAggregateProcessor(EventTimeProcessor):
         return self._flush()
 
     def _snapshot_entries(self):
+        if not isinstance(self.accs, dict):
+            self.accs.flush()  # phase 1: the write-back cache reaches disk in one batch
         return iter(self.accs.items())
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
