@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Any
 
-from ..engine.processor import Inbox, Processor, ProcessorContext
+from ..engine.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 
 __all__ = ["FileSourceProcessor", "FileSinkProcessor"]
 
@@ -24,6 +24,9 @@ class FileSourceProcessor(Processor):
         self.encoding = encoding
         self.files: list[str] = []
         self._current = None
+        self._path = ""
+        self._lines = 0   # lines of the current file emitted so far
+        self._skip = 0    # lines to skip after a restore
 
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
@@ -43,13 +46,34 @@ class FileSourceProcessor(Processor):
                     self._current = open(path, encoding=self.encoding)
                 except OSError as e:
                     raise OSError(f"Sources.files: cannot read {path}: {e}") from e
+                self._path, self._lines = path, 0
             lines = self._current.readlines(_READ_HINT)
             if not lines:
                 self._current.close()
                 self._current = None
                 continue
-            outbox.offer_chunk(-1, [line.rstrip("\r\n") for line in lines])
+            self._lines += len(lines)
+            if self._skip:
+                skipped = min(self._skip, len(lines))
+                lines = lines[skipped:]
+                self._skip -= skipped
+            if lines:
+                outbox.offer_chunk(-1, [line.rstrip("\r\n") for line in lines])
         return False
+
+    def save_to_snapshot(self) -> bool:
+        # the files still to read and the position in the current one
+        remaining = ([self._path] if self._current is not None else []) + self.files
+        key = BroadcastKey(("files", self.context.global_processor_index))
+        return self.outbox.offer_to_snapshot(
+            key, [remaining, self._lines - self._skip if self._current is not None else 0])
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        mine = ("files", self.context.global_processor_index)
+        for key, (remaining, lines_done) in inbox.drain():
+            if key.key == mine:
+                self.files = list(remaining)
+                self._skip = lines_done
 
     def close(self) -> None:
         if self._current is not None:

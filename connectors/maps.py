@@ -20,19 +20,45 @@ class JournalOverrunError(JetwakeError):
 
 
 class MapSourceProcessor(Processor):
-    """Emits (key, value) for the entries in the partitions this processor owns."""
+    """Emits (key, value) for the entries in the partitions this processor owns.
+
+    Its snapshot state is the set of partitions already emitted completely; a restored job
+    re-reads only the others (and the one that was in progress, from its start: the map is
+    read as it is then, so the output is at-least-once for that partition).
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self._partitions: list[int] = []
+        self._done: list[int] = []
         self._emitter: ChunkEmitter | None = None
 
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
-        kv_map = context.member.get_map(self.name)
-        self._emitter = ChunkEmitter(kv_map.entries(list(context.owned_partitions)))
+        self._map = context.member.get_map(self.name)
+        self._partitions = list(context.owned_partitions)
 
     def complete(self) -> bool:
-        return self._emitter.emit(self.outbox)  # type: ignore[union-attr]
+        while True:
+            if self._emitter is None:
+                if not self._partitions:
+                    return True
+                self._emitter = ChunkEmitter(self._map.entries([self._partitions[0]]))
+            if not self._emitter.emit(self.outbox):
+                return False
+            self._done.append(self._partitions.pop(0))
+            self._emitter = None
+
+    def save_to_snapshot(self) -> bool:
+        return self.outbox.offer_to_snapshot(BroadcastKey(("map-source", self.name)),
+                                             list(self._done))
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        done: set[int] = set()
+        for _, partitions in inbox.drain():
+            done.update(partitions)
+        self._done = [p for p in self._partitions if p in done]
+        self._partitions = [p for p in self._partitions if p not in done]
 
 
 class MapJournalSourceProcessor(Processor):
