@@ -19,9 +19,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-__all__ = ["WatermarkPolicy", "NO_WATERMARK", "throttle"]
+from .execution.watermark_coalescer import NO_WATERMARK
 
-NO_WATERMARK = -(2**63)
+__all__ = ["WatermarkPolicy", "NO_WATERMARK", "throttle"]
 
 
 def throttle(wm: int, step: int) -> int:

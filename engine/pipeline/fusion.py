@@ -11,7 +11,8 @@ from typing import Any, Callable, Sequence
 
 __all__ = ["StatelessOp", "compile_chain"]
 
-StatelessOp = tuple[str, Callable[[Any], Any]]  # ("map" | "filter" | "flat_map", fn)
+# ("map" | "filter" | "flat_map", fn), or ("chunk", fn) for a step that maps lists already
+StatelessOp = tuple[str, Callable[[Any], Any]]
 
 
 def _map(fn: Callable[[Any], Any]) -> Callable[[list], list]:
@@ -27,7 +28,11 @@ def _flat_map(fn: Callable[[Any], Any]) -> Callable[[list], list]:
     return lambda items: [y for x in items for y in (fn(x) or ())]
 
 
-_STEP = {"map": _map, "filter": _filter, "flat_map": _flat_map}
+def _chunk(fn: Callable[[list], list]) -> Callable[[list], list]:
+    return fn
+
+
+_STEP = {"map": _map, "filter": _filter, "flat_map": _flat_map, "chunk": _chunk}
 
 
 def compile_chain(ops: Sequence[StatelessOp]) -> Callable[[list], list] | None:

@@ -115,7 +115,7 @@ class Planner:
         self._next_out_ordinal[src.name] = so + 1
         self._next_in_ordinal[dest.name] = do + 1
         edge = configure(Edge(src, so, dest, do))
-        edge.transform = _compile(chain)
+        edge.transform = compile_chain(chain)
         self.dag.edge(edge)
         return edge
 
@@ -373,24 +373,6 @@ class Planner:
 def _on_item(key_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """A key function over (timestamp, item) pairs."""
     return lambda pair: key_fn(pair[1])
-
-
-def _compile(chain: tuple) -> Callable[[list], list] | None:
-    """Like ``fusion.compile_chain``, plus ("chunk", fn) steps that are list -> list already."""
-    if not chain:
-        return None
-    steps = [fn if kind == "chunk" else compile_chain([(kind, fn)]) for kind, fn in chain]
-    if len(steps) == 1:
-        return steps[0]
-
-    def fused(items: list) -> list:
-        for step in steps:
-            if not items:
-                break
-            items = step(items)
-        return items
-
-    return fused
 
 
 def _identity(x: Any) -> Any:

@@ -16,6 +16,8 @@ from collections import deque
 from operator import itemgetter
 from typing import Any, Callable, Iterator
 
+from ..execution.watermark_coalescer import NO_WATERMARK
+from ..items import IDLE_TIMESTAMP, Watermark
 from ..processor import Processor, ProcessorContext
 
 __all__ = ["EventTimeProcessor", "first", "second", "short_repr", "MISSING"]
@@ -91,6 +93,20 @@ class EventTimeProcessor(Processor):
                 outbox.offer_control(entry)
             pending.popleft()
         return True
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        # output produced before the watermark must leave before it
+        if not self._flush():
+            return False
+        ts = watermark.timestamp
+        if ts != IDLE_TIMESTAMP and ts != NO_WATERMARK:
+            self._advance_watermark(ts)
+        self._emit_control(watermark)
+        self._flush()
+        return True
+
+    def _advance_watermark(self, ts: int) -> None:
+        """Event time has reached ``ts``: emit or evict what that completes."""
 
     def _count_late(self, n: int) -> None:
         m = self.context.metrics

@@ -17,7 +17,6 @@ import heapq
 import sys
 from typing import Any, Callable
 
-from ..items import IDLE_TIMESTAMP, Watermark
 from ..processor import BroadcastKey, Inbox, ProcessorContext
 from ..watermark_policy import NO_WATERMARK
 from .event_time_base import EventTimeProcessor, call_with_arity
@@ -113,17 +112,11 @@ class MapStatefulProcessor(EventTimeProcessor):
         self._emit(out)
         self._flush()
 
-    def try_process_watermark(self, watermark: Watermark) -> bool:
-        if not self._flush():
-            return False
-        ts = watermark.timestamp
-        if ts != IDLE_TIMESTAMP and ts != NO_WATERMARK and ts > self.wm:
+    def _advance_watermark(self, ts: int) -> None:
+        if ts > self.wm:
             self.wm = ts
             if self.ttl is not None:
                 self._evict(ts)
-        self._emit_control(watermark)
-        self._flush()
-        return True
 
     def _evict(self, wm: int) -> None:
         heap = self._expiry

@@ -61,12 +61,6 @@ class RollingAggregateProcessor(EventTimeProcessor):
     def try_process(self) -> bool:
         return self._flush()
 
-    def try_process_watermark(self, watermark) -> bool:
-        if not self._flush():
-            return False
-        self._emit_control(watermark)
-        return self._flush() or True
-
     def complete(self) -> bool:
         return self._flush()
 

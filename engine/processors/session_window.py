@@ -17,12 +17,10 @@ import heapq
 import time
 from typing import Any, Callable
 
-from ..items import IDLE_TIMESTAMP, Watermark
 from ..pipeline.aggregate import AggregateOperation
 from ..pipeline.window_definition import WindowDefinition
 from ..pipeline.window_result import KeyedWindowResult, WindowResult
 from ..processor import BroadcastKey, Inbox, ProcessorContext
-from ..watermark_policy import NO_WATERMARK
 from .sliding_window import _WM_KEY, _WindowBase
 
 __all__ = ["SessionWindowProcessor"]
@@ -131,16 +129,10 @@ class SessionWindowProcessor(_WindowBase):
         out.sort(key=lambda r: (r[1], r[0]))
         self._emit(out)
 
-    def try_process_watermark(self, watermark: Watermark) -> bool:
-        if not self._flush():
-            return False
-        ts = watermark.timestamp
-        if ts != IDLE_TIMESTAMP and ts != NO_WATERMARK and ts > self.min_ts:
+    def _advance_watermark(self, ts: int) -> None:
+        if ts > self.min_ts:
             self.min_ts = ts
             self._close_upto(ts)
-        self._emit_control(watermark)
-        self._flush()
-        return True
 
     def try_process(self) -> bool:
         if not self._flush():

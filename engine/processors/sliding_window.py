@@ -29,7 +29,6 @@ from bisect import bisect_left, insort
 from itertools import repeat
 from typing import Any, Callable, Sequence
 
-from ..items import IDLE_TIMESTAMP, Watermark
 from ..pipeline.aggregate import AggregateOperation, _identity
 from ..pipeline.window_definition import WindowDefinition
 from ..pipeline.window_result import KeyedWindowResult, WindowResult
@@ -175,20 +174,13 @@ class FrameAccumulateProcessor(_WindowBase):
         return [(k, f, [t[k] if k in t else ops[i].create() for i, t in enumerate(tables)])
                 for k in keys]
 
-    def try_process_watermark(self, watermark: Watermark) -> bool:
-        if not self._flush():
-            return False
-        ts = watermark.timestamp
-        if ts != IDLE_TIMESTAMP and ts != NO_WATERMARK:
-            limit = self._frame_floor(ts)
-            if limit > self.min_ts:
-                self.min_ts = limit
-                frames = self.frames
-                for f in sorted(f for f in frames if f < limit):
-                    self._emit(self._frame_items(f, frames.pop(f)))
-        self._emit_control(watermark)
-        self._flush()
-        return True
+    def _advance_watermark(self, ts: int) -> None:
+        limit = self._frame_floor(ts)
+        if limit > self.min_ts:
+            self.min_ts = limit
+            frames = self.frames
+            for f in sorted(f for f in frames if f < limit):
+                self._emit(self._frame_items(f, frames.pop(f)))
 
     def try_process(self) -> bool:
         return self._flush()
@@ -261,18 +253,11 @@ class WindowCombineProcessor(_WindowBase):
         if late:
             self._count_late(late)
 
-    def try_process_watermark(self, watermark: Watermark) -> bool:
-        if not self._flush():
-            return False
-        ts = watermark.timestamp
-        if ts != IDLE_TIMESTAMP and ts != NO_WATERMARK:
-            limit = self._frame_floor(ts)
-            if limit > self.min_ts:
-                self.min_ts = limit
-                self._emit_windows(limit)
-        self._emit_control(watermark)
-        self._flush()
-        return True
+    def _advance_watermark(self, ts: int) -> None:
+        limit = self._frame_floor(ts)
+        if limit > self.min_ts:
+            self.min_ts = limit
+            self._emit_windows(limit)
 
     def complete(self) -> bool:
         if not self._completing:
@@ -500,18 +485,11 @@ class SlidingWindowProcessor(_WindowBase):
             else:
                 self._emit([WindowResult(e - size, e, finish(a)) for a in table.values()])
 
-    def try_process_watermark(self, watermark: Watermark) -> bool:
-        if not self._flush():
-            return False
-        ts = watermark.timestamp
-        if ts != IDLE_TIMESTAMP and ts != NO_WATERMARK:
-            limit = self._frame_floor(ts)
-            if limit > self.min_ts:
-                self.min_ts = limit
-                self._emit_upto(limit)
-        self._emit_control(watermark)
-        self._flush()
-        return True
+    def _advance_watermark(self, ts: int) -> None:
+        limit = self._frame_floor(ts)
+        if limit > self.min_ts:
+            self.min_ts = limit
+            self._emit_upto(limit)
 
     def try_process(self) -> bool:
         if not self._flush():
