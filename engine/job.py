@@ -74,7 +74,7 @@ class Job:
     def cancel_and_export_snapshot(self, name: str):
         """Takes a terminal snapshot, exports it as ``name`` and cancels the job."""
         rec = self._c.export_snapshot(name, cancel=True)
-        self._c._ended.wait(60)
+        self._c.wait_ended(60)
         return rec
 
     def take_snapshot(self):

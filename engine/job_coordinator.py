@@ -374,18 +374,18 @@ class JobCoordinator:
         self._finish(JobStatus.FAILED, JobCancelledError(f"job '{self.name}' was cancelled"))
 
     def suspend(self) -> None:
-        self._require(JobStatus.RUNNING, "suspend")
+        self.require(JobStatus.RUNNING, "suspend")
         if self.config.snapshots_enabled:
             self.take_snapshot(terminal=True)
         self._stop_execution(_STOP_SUSPEND)
 
     def resume(self) -> None:
-        self._require(JobStatus.SUSPENDED, "resume")
+        self.require(JobStatus.SUSPENDED, "resume")
         self.error = None
         self.start(restore="latest", persist_definition=False)
 
     def restart(self) -> None:
-        self._require(JobStatus.RUNNING, "restart")
+        self.require(JobStatus.RUNNING, "restart")
         self._stop_execution(_STOP_RESTART)
 
     def export_snapshot(self, name: str, cancel: bool = False) -> CommitRecord:
@@ -404,7 +404,7 @@ class JobCoordinator:
                 return self.store.export(rec, name)
             finally:
                 self._set_status(JobStatus.SUSPENDED)
-        self._require(JobStatus.RUNNING, "export a snapshot of")
+        self.require(JobStatus.RUNNING, "export a snapshot of")
         if not self.config.snapshots_enabled:
             raise JobStateError(
                 f"job '{self.name}' runs with processing_guarantee='none' and takes no "
@@ -416,7 +416,8 @@ class JobCoordinator:
             self._stop_execution(_STOP_CANCEL)
         return exported
 
-    def _require(self, status: JobStatus, action: str) -> None:
+    def require(self, status: JobStatus, action: str) -> None:
+        """Raises JobStateError naming the current state unless the job is in ``status``."""
         with self._lock:
             if self.status != status:
                 raise JobStateError(f"cannot {action} job '{self.name}': it is "
@@ -430,6 +431,17 @@ class JobCoordinator:
 
     def is_done(self) -> bool:
         return self._ended.is_set()
+
+    def wait_ended(self, timeout: float | None) -> bool:
+        """Waits until the job COMPLETED or FAILED; False on timeout."""
+        return self._ended.wait(timeout)
+
+    def running_tasklets(self) -> list:
+        """The tasklets of the current execution (empty when none runs)."""
+        execution = self._execution
+        if execution is None or execution.finished.is_set():
+            return []
+        return list(execution.tasklets)
 
     def metrics(self) -> dict[str, dict[str, int]]:
         """Items in and out per vertex, summed over the vertex's processors on this member."""

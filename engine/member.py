@@ -155,6 +155,18 @@ class Member:
             raise JobNotFoundError(f"no job with name or id '{name_or_id}' on this member")
         return job
 
+    # the coordinators behind the Job handles, for the member's own services (network
+    # service, metrics); user code works with Job
+    def coordinators(self) -> list[JobCoordinator]:
+        """Every job's coordinator, oldest first."""
+        with self._lock:
+            return sorted(self._jobs.values(), key=lambda c: c.submission_time)
+
+    def find_coordinator(self, name_or_id: str) -> JobCoordinator | None:
+        """The coordinator of the job with this id, or of the newest job with this name."""
+        with self._lock:
+            return self._jobs.get(name_or_id) or self._find_by_name(name_or_id)
+
     def jobs(self) -> list[Job]:
         """Every job this member knows, oldest first."""
         with self._lock:

@@ -62,27 +62,16 @@ def _metric_name(key: str) -> str:
 
 def vertex_gauges(coordinator) -> dict[str, dict[str, float]]:
     """Queue fill ratio and watermark lag per vertex of a job's current execution."""
-    execution = getattr(coordinator, "_execution", None)
     out: dict[str, dict[str, float]] = {}
-    if execution is None or execution.finished.is_set():
-        return out
     now_ms = time.time() * 1000
-    for t in list(execution.tasklets):
+    for t in coordinator.running_tasklets():
         g = out.setdefault(t.context.vertex_name, {})
-        fill = 0.0
-        for group in getattr(t, "_groups", ()):
-            for stream in group:
-                for q in getattr(stream, "queues", ()):
-                    cap = getattr(q, "capacity", 0) or 0
-                    if cap > 0:
-                        fill = max(fill, len(q) / cap)
-        g["queue_fill_ratio"] = max(g.get("queue_fill_ratio", 0.0), fill)
+        g["queue_fill_ratio"] = max(g.get("queue_fill_ratio", 0.0), t.input_queue_fill())
         if "kafka_consumer_lag" not in t.context.metrics:
             klag = kafka_consumer_lag(t.processor)
             if klag is not None:
                 g["kafka_consumer_lag"] = g.get("kafka_consumer_lag", 0) + klag
-        coalescer = getattr(t, "coalescer", None)
-        wm = getattr(coalescer, "last_emitted", _NO_WATERMARK) if coalescer else _NO_WATERMARK
+        wm = t.coalescer.last_emitted
         if isinstance(wm, int) and wm > _NO_WATERMARK and wm > 0:
             lag = max(0.0, now_ms - wm)
             g["watermark_lag_ms"] = max(g.get("watermark_lag_ms", 0.0), lag)
@@ -131,8 +120,7 @@ class JetwakeCollector:
 
     def collect(self) -> Iterator[Metric]:
         member = self.member
-        with member._lock:
-            coords = list(member._jobs.values())
+        coords = member.coordinators()
         jobs_by_status = GaugeMetricFamily("jetwake_jobs", "Jobs on this member per status",
                                            labels=["status"])
         counts = {s.value: 0 for s in JobStatus}

@@ -193,14 +193,14 @@ class MemberService:
             return
         who = f"job '{job_name}' ({job_id})"
         if event == "failed":
-            c = self.member._jobs.get(job_id)
+            c = self.member.find_coordinator(job_id)
             why = c.failure_text if c is not None else None
             if why and why.startswith("JobCancelledError"):
                 log.info("%s cancelled", who)
             else:
                 log.warning("%s failed: %s", who, why or "unknown reason")
         elif event == "suspended":
-            c = self.member._jobs.get(job_id)
+            c = self.member.find_coordinator(job_id)
             if c is not None and c.error is not None:
                 log.warning("%s suspended on failure: %s", who, c.failure_text)
             else:
@@ -280,7 +280,7 @@ class MemberService:
 
     def _member_info(self) -> dict:
         counts: dict[str, int] = {}
-        for c in list(self.member._jobs.values()):
+        for c in self.member.coordinators():
             counts[c.status.value] = counts.get(c.status.value, 0) + 1
         return {"address": self.address_text, "version": version(),
                 "protocol": PROTOCOL_VERSION, "pid": os.getpid(),
@@ -289,9 +289,7 @@ class MemberService:
                 "token_required": self.token is not None}
 
     def _coordinator(self, job_id: str):
-        c = self.member._jobs.get(job_id)
-        if c is None:
-            c = self.member._find_by_name(job_id)
+        c = self.member.find_coordinator(job_id)
         if c is None:
             raise JobNotFoundError(f"no job with name or id '{job_id}' on this member")
         return c
@@ -312,9 +310,9 @@ class MemberService:
 
     def op_cluster(self, peer: str) -> dict:
         info = self._member_info()
-        active = sum(1 for c in list(self.member._jobs.values()) if not c.status.is_terminal)
+        active = sum(1 for c in self.member.coordinators() if not c.status.is_terminal)
         return {"version": version(), "state": "ACTIVE" if self.serving else "PASSIVE",
-                "members": [info], "jobs": len(self.member._jobs), "active_jobs": active}
+                "members": [info], "jobs": len(self.member.coordinators()), "active_jobs": active}
 
     # --- jobs ------------------------------------------------------------------------------
 
@@ -330,20 +328,20 @@ class MemberService:
                 f"the member cannot load the submitted pipeline: {type(e).__name__}: {e}. "
                 "Modules the pipeline imports by name must be installed on the member") from e
         job = self.member.new_job(definition, JobConfig(**config))
-        c = job._c
+        c = self.member.find_coordinator(job.id)
         log.info("job '%s' (%s) submitted by %s: guarantee %s", c.name, c.job_id, peer,
                  c.config.processing_guarantee)
         return self._job_info(c)
 
     def op_get_job(self, peer: str, ref: str) -> dict | None:
-        c = self.member._jobs.get(ref) or self.member._find_by_name(ref)
+        c = self.member.find_coordinator(ref)
         return self._job_info(c) if c is not None else None
 
     def op_job_info(self, peer: str, id: str) -> dict:  # noqa: A002
         return self._job_info(self._coordinator(id))
 
     def op_jobs(self, peer: str) -> list[dict]:
-        coords = sorted(list(self.member._jobs.values()), key=lambda c: c.submission_time)
+        coords = self.member.coordinators()
         return [self._job_info(c) for c in coords]
 
     def op_job_action(self, peer: str, id: str, action: str,  # noqa: A002
@@ -354,7 +352,7 @@ class MemberService:
             need = {"suspend": JobStatus.RUNNING, "restart": JobStatus.RUNNING,
                     "resume": JobStatus.SUSPENDED}.get(action)
             if need is not None:
-                c._require(need, action)
+                c.require(need, action)
             elif c.status.is_terminal:
                 raise JobStateError(f"job '{c.name}' is already {c.status.value}")
 
@@ -386,7 +384,7 @@ class MemberService:
 
     def op_job_join(self, peer: str, id: str, wait: float = 1.0) -> dict:  # noqa: A002
         c = self._coordinator(id)
-        done = c._ended.wait(max(0.0, min(float(wait), 10.0)))
+        done = c.wait_ended(max(0.0, min(float(wait), 10.0)))
         err = c.error if done else None
         return {"done": done, "status": c.status.value,
                 "error": _error_pair(err) if err is not None else None}
@@ -548,7 +546,7 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
     if metrics is not None:
         extra = f", metrics on http://{metrics.address[0]}:{metrics.address[1]}/metrics"
     log.info("member ready on %s%s%s (%d jobs)", service.address_text,
-             ", token required" if token else "", extra, len(member._jobs))
+             ", token required" if token else "", extra, len(member.coordinators()))
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
         log.warning("listening on %s without a token: anyone who can reach this port can run "
                     "code in this process; set --token", host)
@@ -562,7 +560,7 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
         except Exception:  # noqa: BLE001
             log.exception("stopping the service")
         t0 = time.monotonic()
-        active = [c for c in member._jobs.values() if not c.status.is_terminal
+        active = [c for c in member.coordinators() if not c.status.is_terminal
                   and c.status != JobStatus.SUSPENDED]
         if active:
             log.info("stopping %d job(s)%s", len(active),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..dag import DAG, Edge, RoutingPolicy, Vertex
+from ..dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
 from ..meta_supplier import MetaSupplierContext, SupplierContext
 from ..partitioning import partition_of, partitions_of_processor, processor_partition_table
 from ..processor import ProcessorContext
@@ -55,8 +55,10 @@ def build_tasklets(dag: DAG, ctx: PlanContext) -> list[ProcessorTasklet]:
     par = resolve_parallelism(dag, ctx.default_parallelism)
     for e in dag.edges:
         if e.routing is RoutingPolicy.ISOLATED and par[e.source.name] != par[e.destination.name]:
-            raise ValueError(f"{e}: an isolated edge needs equal parallelism on both ends, got "
-                             f"{par[e.source.name]} and {par[e.destination.name]}")
+            raise DagValidationError(
+                f"{e}: an isolated edge needs equal parallelism on both ends, got "
+                f"{par[e.source.name]} and {par[e.destination.name]}; set the same "
+                "local_parallelism on both vertices")
     processors = {v.name: _create_processors(v, par[v.name], ctx) for v in dag}
     queues = {id(e): _create_queues(e, par) for e in dag.edges}
     align = ctx.processing_guarantee == "exactly_once"

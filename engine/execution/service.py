@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from typing import Any, Callable
 
 from .tasklet import DONE_STATE, NO_PROGRESS, ProcessorTasklet
@@ -69,16 +70,16 @@ class _Worker(threading.Thread):
         super().__init__(name=f"jetwake-cooperative-{index}", daemon=True)
         self.service = service
         self.tasklets: list[ProcessorTasklet] = []
-        self.incoming: list[ProcessorTasklet] = []
+        # handed over by other threads (submission, work stealing); deque ops are atomic
+        self.incoming: deque[ProcessorTasklet] = deque()
         self.wakeup = threading.Event()
 
     def run(self) -> None:
         idle = 0
         service = self.service
         while not service.shut_down:
-            if self.incoming:
-                moved, self.incoming = self.incoming, []
-                self.tasklets.extend(moved)
+            while self.incoming:
+                self.tasklets.append(self.incoming.popleft())
             if not self.tasklets:
                 self.wakeup.wait(0.05)
                 self.wakeup.clear()

@@ -251,6 +251,15 @@ class ProcessorTasklet:
             finally:
                 self.context.release_state()
 
+    def input_queue_fill(self) -> float:
+        """The fullest input queue's fill, 0.0 to 1.0 (a metric of backpressure)."""
+        fill = 0.0
+        for group in self._groups:
+            for stream in group:
+                for q in stream.queues:
+                    fill = max(fill, len(q) / q.capacity)
+        return fill
+
     @property
     def is_done(self) -> bool:
         return self._state == _END and self._closed
