@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from ..chunk_emitter import ChunkEmitter
 from ..pipeline.aggregate import AggregateOperation
+from ..pipeline.fusion import is_identity
 from ..processor import Inbox, Processor
 from ..state_saver import StateSaver
 
@@ -62,6 +63,7 @@ class AccumulateProcessor(_SavesAccumulators):
         self.op = op
         self.key_fn = key_fn
         self.keyed = key_fn is not None
+        self._identity_key = key_fn is not None and is_identity(key_fn)
         self.table: dict = {}
         self.acc: Any = _NO_ACC
         self._emitter: ChunkEmitter | None = None
@@ -73,7 +75,8 @@ class AccumulateProcessor(_SavesAccumulators):
                 self.acc = self.op.create()
             self.acc = self.op.accumulate_all(self.acc, items)
         else:
-            self.op.accumulate_grouped(self.table, map(self.key_fn, items), items)
+            keys = items if self._identity_key else map(self.key_fn, items)
+            self.op.accumulate_grouped(self.table, keys, items)
 
     def complete(self) -> bool:
         if self._emitter is None:
