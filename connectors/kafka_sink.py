@@ -27,6 +27,7 @@ Exactly-once
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable
 
@@ -176,10 +177,8 @@ class KafkaSinkProcessor(Processor):
                 self._settle(self.producer, txn_id, sid, records)
             else:
                 p = self._new_txn_producer(txn_id)
-                try:
-                    self._settle(p, txn_id, sid, records)
-                finally:
-                    p.close()
+                self._settle(p, txn_id, sid, records)
+                p.close()
             settled.add(old_index)
         self.restored = []
         # ids of a higher parallelism that left no entry here: fence them (aborts leftovers)
@@ -374,10 +373,17 @@ class KafkaSinkProcessor(Processor):
                 self._produce_all(producer, records)
                 if sid is not None:
                     gm = self._marker_consumer(txn_id).consumer_group_metadata()
-                    self._retry(lambda: producer.send_offsets_to_transaction(
-                        [TopicPartition(self.topic, 0, sid + 1)], gm, 30), deadline)
-                self._retry(lambda: producer.commit_transaction(30), deadline)
+                    self._retry(lambda: _bounded(lambda: producer.send_offsets_to_transaction(
+                        [TopicPartition(self.topic, 0, sid + 1)], gm, CALL_TIMEOUT_S),
+                        txn_id, "send_offsets_to_transaction"), deadline)
+                self._retry(lambda: _bounded(lambda: producer.commit_transaction(
+                    CALL_TIMEOUT_S), txn_id, "commit_transaction"), deadline)
                 return
+            except _Stuck:
+                _ABANDONED.append(producer)
+                if producer is self.producer:
+                    self.producer = None
+                raise
             except KafkaException as e:
                 err = e.args[0]
                 if err.fatal():
@@ -412,6 +418,7 @@ class KafkaSinkProcessor(Processor):
                 err = e.args[0]
                 if not err.retriable() or time.monotonic() + delay > deadline:
                     raise
+                log.warning("Sinks.kafka(): %s (retrying)", err)
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
@@ -446,6 +453,43 @@ class KafkaSinkProcessor(Processor):
                 p.close()
             except Exception:  # noqa: BLE001 - closing after a failure
                 log.debug("producer close failed", exc_info=True)
+
+
+CALL_TIMEOUT_S = 20.0
+
+
+def _bounded(call: Callable[[], Any], txn_id: str, what: str) -> None:
+    """Runs a transactional call with a hard time limit. librdkafka can block in
+    ``send_offsets_to_transaction`` past its timeout when the group coordinator went away
+    (a broker restart; librdkafka issues #5456, #5511); a fresh producer does not have the
+    problem, so a call that does not return restarts the job, whose restore fences the stuck
+    producer and re-runs the phase 2 from the snapshot."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            call()
+            box.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box.append(e)
+
+    t = threading.Thread(target=run, daemon=True, name=f"jetwake-kafka-{what}")
+    t.start()
+    t.join(CALL_TIMEOUT_S + 5)
+    if not box:
+        raise _Stuck(
+            f"Sinks.kafka(): {what} of {txn_id} did not return within {CALL_TIMEOUT_S + 5:.0f} "
+            "s (librdkafka lost the coordinator); restarting the job from its last snapshot")
+    if box[0] is not None:
+        raise box[0]
+
+
+class _Stuck(RestartableError):
+    """A librdkafka call that does not return: its producer must not be closed (destroying
+    it would wait for the stuck call), only abandoned."""
+
+
+_ABANDONED: list = []  # stuck producers, kept referenced so that nothing destroys them
 
 
 def _snapshot_interval(context: ProcessorContext) -> int:

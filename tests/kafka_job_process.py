@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--die-in-phase2", type=int, default=0)
     ap.add_argument("--at-least-once-sink", action="store_true")
     args = ap.parse_args(argv)
+    import faulthandler
+    import logging
+    faulthandler.register(signal.SIGUSR1)  # thread dumps on demand, for debugging
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     from jetwake import JobConfig, Member
 

@@ -11,6 +11,7 @@ import os
 import random
 import signal
 import subprocess
+import tempfile
 import threading
 import sys
 import time
@@ -110,21 +111,33 @@ class Proc:
     def __init__(self, *args: str) -> None:
         self.args = [sys.executable, SCRIPT, *args]
         self.p: subprocess.Popen | None = None
+        self.stderr_tail = ""
 
     def start(self, *extra: str, wait_ready: bool = False) -> None:
-        self.p = subprocess.Popen(self.args + list(extra), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, start_new_session=True)
+        # stderr goes to a file: a pipe nobody reads fills up (librdkafka logs a lot while a
+        # broker is away) and would block the member
+        self.err = tempfile.TemporaryFile()
+        self.p = subprocess.Popen(self.args + list(extra),
+                                  stdout=subprocess.PIPE if wait_ready else subprocess.DEVNULL,
+                                  stderr=self.err, start_new_session=True)
         if wait_ready:  # the job is submitted (its record is on disk)
             line = self.p.stdout.readline()
-            assert line.strip() == b"READY", (line, self.p.stderr.read()[-3000:])
+            assert line.strip() == b"READY", (line, self._tail())
+            self.p.stdout.close()
+
+    def _tail(self) -> str:
+        self.err.seek(0)
+        return "\n".join(x for x in self.err.read().decode(errors="replace").splitlines()
+                         if "rdkafka" not in x or "Connect to" not in x)[-60000:]
 
     def kill(self) -> None:
         if self.p is not None and self.p.poll() is None:
             os.killpg(self.p.pid, signal.SIGKILL)
         if self.p is not None:
             self.p.wait(10)
-            self.p.stderr.close()
-            self.p.stdout.close()
+            self.stderr_tail = self._tail()
+            self.err.close()
+            self.p = None
 
     def alive(self) -> bool:
         return self.p is not None and self.p.poll() is None

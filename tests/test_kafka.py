@@ -1,0 +1,323 @@
+"""The Kafka source and sinks against a real broker: formats, start positions, projection,
+restore with another parallelism, partitions added while running, poison records, a broker
+restart, and the property checks."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+import msgpack
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewPartitions
+
+from jetwake import JobConfig, JobStatus, Member, Pipeline, Sinks, Sources
+from jetwake.connectors.kafka_properties import KafkaConfigError
+from jetwake.connectors.kafka_sink import check_transaction_timeout
+from jetwake.connectors.kafka_source import PartitionWatermarks, owner_of_partition
+from jetwake.engine.items import IDLE_MESSAGE
+
+from test_kafka_faults import KEYS, Proc, Reader, check_exactly_once, produce
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+
+
+def read_all(bootstrap: str, topic: str, n: int, timeout: float = 30.0,
+             committed: bool = True) -> list:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                  "auto.offset.reset": "earliest",
+                  "isolation.level": "read_committed" if committed else "read_uncommitted"})
+    c.subscribe([topic])
+    out = []
+    end = time.monotonic() + timeout
+    try:
+        while len(out) < n and time.monotonic() < end:
+            out += [m for m in c.consume(1000, 0.3) if not m.error()]
+    finally:
+        c.close()
+    return out
+
+
+def wait_until(pred, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# --- without a broker ------------------------------------------------------------------------
+
+def test_property_checks():
+    with pytest.raises(KafkaConfigError, match="bootstrap.servers"):
+        Sources.kafka("t", {})
+    with pytest.raises(KafkaConfigError, match="enable.auto.commit"):
+        Sources.kafka("t", {"bootstrap.servers": "x:1", "enable.auto.commit": "true"})
+    with pytest.raises(KafkaConfigError, match="transactional.id"):
+        Sinks.kafka("t", {"bootstrap.servers": "x:1", "transactional.id": "mine"})
+    with pytest.raises(KafkaConfigError, match="jetwake.nope"):
+        Sources.kafka("t", {"bootstrap.servers": "x:1", "jetwake.nope": 1})
+    with pytest.raises(ValueError, match="dead_letter_topic"):
+        Sources.kafka("t", {"bootstrap.servers": "x:1"}, on_error="dead_letter")
+    with pytest.raises(ValueError, match="deserializer"):
+        Sources.kafka("t", {"bootstrap.servers": "x:1"}, value_deserializer="yaml")
+    with pytest.raises(ValueError, match="start"):
+        Sources.kafka("t", {"bootstrap.servers": "x:1"}, start="middle")
+    with pytest.raises(KafkaConfigError, match="transaction.timeout.ms"):
+        check_transaction_timeout(20_000, 10_000)
+    assert check_transaction_timeout(None, 10_000) >= 40_000
+
+
+def test_jet_partition_assignment_formula():
+    # every partition has exactly one owner; two topics start at spread-out processors
+    owners = [owner_of_partition(0, p, 2, 4) for p in range(6)]
+    assert owners == [0, 1, 2, 3, 0, 1]
+    assert [owner_of_partition(1, p, 2, 4) for p in range(3)] == [2, 3, 0]
+
+
+def test_partition_watermarks_coalesce_and_idle():
+    w = PartitionWatermarks(lag=10, idle_timeout_ms=1000)
+    w.add_partition(("t", 0))
+    w.add_partition(("t", 1))
+    w.observe(("t", 0), 500, 0.0)
+    assert w.poll(0.0) is None                  # partition 1 has no record yet
+    w.observe(("t", 1), 300, 0.0)
+    assert w.poll(0.0).timestamp == 290         # the slowest partition decides
+    w.observe(("t", 0), 900, 0.5)
+    assert w.poll(0.5) is None                  # still held back by partition 1
+    assert w.poll(1.2).timestamp == 890         # partition 1 idle: no longer holds it back
+    assert w.poll(3.0) is IDLE_MESSAGE          # everything idle
+
+
+# --- with the broker -------------------------------------------------------------------------
+
+def test_formats_projection_and_start(kafka_bootstrap, kafka_topic):
+    tin, tout, tproj = kafka_topic(partitions=3), kafka_topic(partitions=1), kafka_topic()
+    props = {"bootstrap.servers": kafka_bootstrap}
+    p = Producer(props)
+    for i in range(50):
+        p.produce(tin, key=msgpack.packb(i), value=json.dumps({"n": i}).encode(),
+                  headers=[("h", b"x")])
+    p.flush()
+    pl = Pipeline()
+    src = pl.read_from(Sources.kafka(tin, props, key_deserializer="msgpack",
+                                     value_deserializer="json"))
+    src.map(lambda kv: (str(kv[0]), kv[1]["n"] * 10)).write_to(
+        Sinks.kafka(tout, props, key_serializer="str", value_serializer="json"))
+    pl2 = Pipeline()
+    pl2.read_from(Sources.kafka(tin, props, value_deserializer="json",
+                                projection=lambda r: (r.topic, r.partition, r.offset,
+                                                      r.timestamp > 0, r.value["n"],
+                                                      [(k, v.decode()) for k, v in r.headers]))) \
+       .write_to(Sinks.kafka(tproj, props, value_fn=lambda x: x, value_serializer="json"))
+    with Member() as m:
+        j1 = m.new_job(pl, JobConfig(processing_guarantee="at_least_once",
+                                     snapshot_interval_ms=200))
+        j2 = m.new_job(pl2)
+        out = read_all(kafka_bootstrap, tout, 50)
+        proj = read_all(kafka_bootstrap, tproj, 50)
+        j1.cancel()
+        j2.cancel()
+    assert sorted((m.key().decode(), json.loads(m.value())) for m in out) == \
+        sorted((str(i), i * 10) for i in range(50))
+    rows = [json.loads(m.value()) for m in proj]
+    assert sorted(r[4] for r in rows) == list(range(50))
+    assert all(r[0] == tin and r[3] and r[5] == [["h", "x"]] for r in rows)
+    assert len({(r[1], r[2]) for r in rows}) == 50
+
+    # start="latest" skips what is there; a timestamp starts at the records from that time
+    tl = kafka_topic(partitions=2)
+    produce(kafka_bootstrap, tl, 0, 20)
+    time.sleep(0.1)
+    t_mid = int(time.time() * 1000)
+    time.sleep(0.1)
+    produce(kafka_bootstrap, tl, 20, 30)
+    for start, expect, low in (("earliest", 50, 0), (t_mid, 30, 20), ("latest", 10, 50)):
+        out_t = kafka_topic()
+        pl3 = Pipeline()
+        pl3.read_from(Sources.kafka(tl, props, start=start)).write_to(Sinks.kafka(out_t, props))
+        with Member() as m:
+            job = m.new_job(pl3)
+            if start == "latest":
+                time.sleep(2.0)  # the job has resolved its start offsets
+                produce(kafka_bootstrap, tl, 50, 10)
+            got = read_all(kafka_bootstrap, out_t, expect, timeout=20)
+            got += read_all(kafka_bootstrap, out_t, expect + 100, timeout=1.0)[len(got):]
+            job.cancel()
+        values = sorted(int(m.value()) for m in got)
+        assert values == list(range(low, low + expect)), (start, values[:5], len(values))
+
+
+def test_restore_with_another_parallelism(kafka_bootstrap, kafka_topic, tmp_path):
+    tin, tout = kafka_topic(partitions=5), kafka_topic(partitions=2)
+    total = 8_000
+    produce(kafka_bootstrap, tin, 0, total // 2)
+    data = str(tmp_path / "member")
+    reader = Reader(kafka_bootstrap, tout)
+    proc = Proc(data, kafka_bootstrap, tin, tout, "--interval-ms", "200")
+    try:
+        proc.start("--parallelism", "3", wait_ready=True)
+        reader.wait_for(total // 2, 60)
+        time.sleep(0.5)
+        proc.kill()
+        produce(kafka_bootstrap, tin, total // 2, total // 2)
+        proc.start("--parallelism", "1")   # 3 processors per vertex -> 1
+        reader.wait_for(total, 60)
+        reader.poll(1.5)
+        proc.kill()
+        print(proc.stderr_tail)
+        produce(kafka_bootstrap, tin, total, total // 2)
+        proc.start("--parallelism", "2")   # and up again
+        reader.wait_for(total + total // 2, 60)
+        reader.poll(1.5)
+    finally:
+        proc.kill()
+        reader.close()
+    print(proc.stderr_tail)
+    check_exactly_once(reader.records, total + total // 2)
+
+
+def test_partition_added_while_running(kafka_bootstrap, kafka_topic):
+    tin, tout = kafka_topic(partitions=2), kafka_topic()
+    props = {"bootstrap.servers": kafka_bootstrap, "jetwake.partition.discovery.ms": 300}
+    produce(kafka_bootstrap, tin, 0, 100)
+    pl = Pipeline()
+    pl.read_from(Sources.kafka(tin, props)).write_to(
+        Sinks.kafka(tout, {"bootstrap.servers": kafka_bootstrap}))
+    with Member(local_parallelism=2) as m:
+        job = m.new_job(pl, JobConfig(processing_guarantee="exactly_once",
+                                      snapshot_interval_ms=200))
+        assert len(read_all(kafka_bootstrap, tout, 100)) == 100
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        admin.create_partitions([NewPartitions(tin, 5)])[tin].result(30)
+        time.sleep(1.0)
+        p = Producer({"bootstrap.servers": kafka_bootstrap})
+        for part in (2, 3, 4):
+            for i in range(20):
+                p.produce(tin, value=f"new-{part}-{i}".encode(), partition=part)
+        p.flush()
+        got = read_all(kafka_bootstrap, tout, 160)
+        job.cancel()
+    values = [m.value().decode() for m in got]
+    assert len(values) == 160 and len(set(values)) == 160
+    assert sum(v.startswith("new-") for v in values) == 60
+
+
+def test_poison_record_fails_the_job_with_its_position(kafka_bootstrap, kafka_topic):
+    tin, tout = kafka_topic(), kafka_topic()
+    props = {"bootstrap.servers": kafka_bootstrap}
+    p = Producer(props)
+    p.produce(tin, value=b'{"ok": 1}')
+    p.produce(tin, value=b"not json {")
+    p.flush()
+    pl = Pipeline()
+    pl.read_from(Sources.kafka(tin, props, value_deserializer="json")).write_to(
+        Sinks.kafka(tout, props, value_serializer="json"))
+    with Member() as m:
+        job = m.new_job(pl, JobConfig(processing_guarantee="at_least_once"))
+        with pytest.raises(Exception) as ei:
+            job.join(timeout=30)
+        assert job.status == JobStatus.FAILED
+    msg = str(ei.value)
+    assert f"topic {tin!r}" in msg and "partition 0" in msg and "offset 1" in msg, msg
+
+
+def test_poison_records_go_to_the_dead_letter_topic(kafka_bootstrap, kafka_topic):
+    tin, tout, dlq = kafka_topic(partitions=2), kafka_topic(), kafka_topic()
+    props = {"bootstrap.servers": kafka_bootstrap}
+    p = Producer(props)
+    for i in range(30):
+        p.produce(tin, value=(b"{bad" if i % 10 == 3 else json.dumps(i).encode()),
+                  partition=i % 2)
+    p.flush()
+    pl = Pipeline()
+    pl.read_from(Sources.kafka(tin, props, value_deserializer="json", on_error="dead_letter",
+                               dead_letter_topic=dlq)) \
+      .write_to(Sinks.kafka(tout, props, value_serializer="json"))
+    with Member() as m:
+        job = m.new_job(pl, JobConfig(processing_guarantee="exactly_once",
+                                      snapshot_interval_ms=200))
+        good = read_all(kafka_bootstrap, tout, 27)
+        bad = read_all(kafka_bootstrap, dlq, 3)
+        wait_until(lambda: sum(v.get("dead_letters", 0) for v in job.metrics().values()) == 3,
+                   10, "the dead-letter count")
+        job.cancel()
+    assert sorted(json.loads(m.value()) for m in good) == [i for i in range(30) if i % 10 != 3]
+    assert [m.value() for m in bad] == [b"{bad"] * 3
+    for m_ in bad:
+        h = dict(m_.headers())
+        assert b"JSONDecodeError" in h["jetwake.error"]
+        assert h["jetwake.topic"] == tin.encode()
+        assert int(h["jetwake.offset"]) >= 0 and int(h["jetwake.partition"]) in (0, 1)
+
+
+def test_broker_unavailable_at_start_gives_a_clear_message():
+    pl = Pipeline()
+    pl.read_from(Sources.kafka("t", {"bootstrap.servers": "127.0.0.1:1",
+                                     "jetwake.startup.timeout.ms": 1500})) \
+      .write_to(Sinks.logger())
+    with Member() as m:
+        with pytest.raises(Exception, match="did not answer within 2 s|did not answer"):
+            m.new_job(pl)
+
+
+def _restart_broker(kl, port: int, down_seconds: float) -> None:
+    """Stops the broker process (SIGTERM) and starts it again on the same data."""
+    state = json.loads((kl.run_dir(port) / "state.json").read_text())
+    pid = state["nodes"][0]["pid"]
+    cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:-1]
+    os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + 30
+    while kl._pid_alive(pid) and time.monotonic() < end:
+        time.sleep(0.1)
+    time.sleep(down_seconds)
+    log = open(kl.run_dir(port) / "broker-1.log", "ab")
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, close_fds=True, cwd=kl.run_dir(port))
+    state["nodes"][0]["pid"] = proc.pid
+    (kl.run_dir(port) / "state.json").write_text(json.dumps(state))
+    (kl.run_dir(port) / "kafka.pid").write_text(f"{proc.pid}\n")
+
+
+def test_broker_restart_while_a_job_runs(tmp_path):
+    """A private broker is stopped and started again under a running exactly-once job: the
+    source and the sink retry, and the output is still exactly once."""
+    from kafka_broker import _kafka_local
+    from confluent_kafka.admin import NewTopic
+
+    kl = _kafka_local()
+    port = kl.free_port()
+    bootstrap = kl.start_broker(port)
+    try:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for f in admin.create_topics([NewTopic("in", 2, 1), NewTopic("out", 2, 1)]).values():
+            f.result(30)
+        total = 6_000
+        produce(bootstrap, "in", 0, total // 2)
+        data = str(tmp_path / "member")
+        proc = Proc(data, bootstrap, "in", "out", "--interval-ms", "300")
+        reader = Reader(bootstrap, "out")
+        try:
+            proc.start(wait_ready=True)
+            reader.wait_for(total // 2, 60)
+            feeder = threading.Thread(target=produce, args=(bootstrap, "in", total // 2,
+                                                             total // 2), daemon=True)
+            _restart_broker(kl, port, down_seconds=3.0)
+            feeder.start()
+            assert kl.broker_ready(bootstrap, 60)
+            reader.wait_for(total, 90)
+            reader.poll(1.5)
+            assert proc.alive(), "the member process died"
+        finally:
+            proc.kill()
+            reader.close()
+        print("\n".join(x for x in proc.stderr_tail.splitlines() if "rdkafka" not in x))
+        check_exactly_once(reader.records, total)
+    finally:
+        kl.stop_broker(port)
