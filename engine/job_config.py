@@ -19,6 +19,9 @@ class JobConfig:
     ``suspend_on_failure``: suspend (keeping the snapshot) instead of failing.
     ``local_parallelism``: default processors per vertex on each member (-1: the member's).
     ``state_backend``: "memory" or "rocksdb" for keyed state (rocksdb needs a data directory).
+    ``state_cache_bytes``: the RocksDB backend's write-back cache per processor.
+    ``arguments``: free-form facts about the submission (the CLI records the file and its
+    arguments), kept in the job record.
     """
 
     name: str | None = None
@@ -29,7 +32,6 @@ class JobConfig:
     local_parallelism: int = -1
     state_backend: str = "memory"
     state_cache_bytes: int = 64 * 2**20
-    auto_scaling: bool = True
     arguments: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

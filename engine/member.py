@@ -79,9 +79,8 @@ class Member:
         their last snapshot."""
         for rec in self.job_records.load_all():
             definition = self.job_records.load_definition(rec.job_id)
-            cfg = dict(rec.config)
-            cfg.pop("arguments", None)
-            config = JobConfig(**cfg)
+            known = JobConfig.__dataclass_fields__
+            config = JobConfig(**{k: v for k, v in rec.config.items() if k in known})
             c = JobCoordinator(self, rec.job_id, definition, config, rec.submission_time)
             c.completion_time = rec.completion_time
             c.failure_text = rec.failure
