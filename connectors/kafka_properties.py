@@ -19,7 +19,7 @@ SOURCE_OPTIONS = {
     "jetwake.poll.batch": 2048,                # messages asked of one consume() call
     "jetwake.poll.timeout.ms": 20,             # how long one consume() may wait
     "jetwake.idle.timeout.ms": 30_000,         # a partition without records is idle after
-    "jetwake.watermark.lag.ms": -1,            # >= 0: emit per-partition watermarks
+    "jetwake.watermark.lag.ms": 0,             # per-partition watermarks (-1: none)
 }
 SINK_OPTIONS = {
     "jetwake.startup.timeout.ms": 60_000,

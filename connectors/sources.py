@@ -134,4 +134,5 @@ class Sources:
 
         return Source(f"kafka-source-{'-'.join(topic_list)}"[:120],
                       ProcessorMetaSupplier.of(make), is_stream=True,
-                      timestamp_fn=native_pair_timestamp)
+                      timestamp_fn=native_pair_timestamp,
+                      emits_watermarks=opts["jetwake.watermark.lag.ms"] >= 0)

@@ -321,3 +321,48 @@ def test_broker_restart_while_a_job_runs(tmp_path):
         check_exactly_once(reader.records, total)
     finally:
         kl.stop_broker(port)
+
+
+def test_native_timestamps_follow_per_partition_watermarks(kafka_bootstrap, kafka_topic):
+    """One source processor reads a partition far ahead in event time and one far behind:
+    the watermark is the one behind, so windows wait for it and none of its records is late
+    (a single watermark from the highest timestamp would have made them all late)."""
+    from collections import Counter
+
+    from jetwake import AggregateOperations, WindowDefinition
+
+    topic = kafka_topic(partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    # (a record timestamp of 0 means "unset" to the producer: start further on)
+    ahead = list(range(100_000, 110_000, 10))
+    behind = list(range(100_000, 101_000, 10))
+    for ts in ahead:
+        producer.produce(topic, key=b"ahead", value=b"x", partition=0, timestamp=ts)
+    for ts in behind:
+        producer.produce(topic, key=b"behind", value=b"x", partition=1, timestamp=ts)
+    producer.flush(30)
+
+    p = Pipeline()
+    (p.read_from(Sources.kafka(topic, {"bootstrap.servers": kafka_bootstrap},
+                               key_deserializer="str"))
+      .with_native_timestamps(allowed_lag=0)
+      .window(WindowDefinition.tumbling(100))
+      .group_by(lambda kv: kv[0])
+      .aggregate(AggregateOperations.counting())
+      .write_to(Sinks.list("windows")))
+    # windows close up to the partition behind: its last record is at 100990
+    closed = [("ahead", ts) for ts in ahead if ts < 100_900] + \
+             [("behind", ts) for ts in behind if ts < 100_900]
+    with Member(local_parallelism=1) as m:  # one processor reads both partitions
+        job = m.new_job(p)
+        results = m.get_list("windows")
+        wait_until(lambda: sum(r.result for r in results) >= len(closed), 60,
+                   "the windows before the partition behind")
+        time.sleep(1.0)  # nothing later closes while that partition holds the watermark
+        late = sum(v.get("late_events", 0) for v in job.metrics().values())
+        got = Counter()
+        for r in results:
+            got[(r.start, r.key)] += r.result
+        job.cancel()
+    assert late == 0
+    assert got == Counter(((ts // 100) * 100, key) for key, ts in closed)

@@ -19,16 +19,22 @@ class Source:
     ``is_stream``: unbounded (a streaming job) or bounded (a batch that completes).
     ``timestamp_fn``: for sources whose items carry an event time (``with_native_timestamps``),
     how to read it from an emitted item.
+    ``emits_watermarks``: the source itself emits watermarks of its native event time (for
+    example the minimum over the partitions it reads, and the idle marker when all are quiet);
+    ``with_native_timestamps(lag)`` then follows them, shifted by the lag, instead of deriving
+    one watermark from the highest timestamp seen.
     """
 
     def __init__(self, name: str, processor: Any, *, is_stream: bool = False,
-                 timestamp_fn: Callable[[Any], int] | None = None) -> None:
+                 timestamp_fn: Callable[[Any], int] | None = None,
+                 emits_watermarks: bool = False) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a source needs a non-empty name, got {name!r}")
         self.name = name
         self.meta_supplier: ProcessorMetaSupplier = as_meta_supplier(processor, f"source {name}")
         self.is_stream = is_stream
         self.timestamp_fn = timestamp_fn
+        self.emits_watermarks = emits_watermarks
 
     def __repr__(self) -> str:
         return f"Source({self.name!r}{', stream' if self.is_stream else ''})"

@@ -193,10 +193,12 @@ class Stage(_StageBase):
         native_pairs = fn is native_pair_timestamp
         return self._timestamps(None if native_pairs else fn, allowed_lag, policy,
                                 idle_timeout, None, "with_native_timestamps()",
-                                native=native_pairs)
+                                native=native_pairs,
+                                upstream_watermarks=self.transform.source.emits_watermarks)
 
     def _timestamps(self, fn: Any, allowed_lag: int, policy: Any, idle_timeout: int,
-                    bad_sink: Any, where: str, native: bool = False) -> "Stage":
+                    bad_sink: Any, where: str, native: bool = False,
+                    upstream_watermarks: bool = False) -> "Stage":
         from ..watermark_policy import WatermarkPolicy
         where = f"{where} after stage {self.name!r}"
         try:
@@ -219,7 +221,8 @@ class Stage(_StageBase):
         if bad_sink is not None and not isinstance(bad_sink, Sink):
             raise TypeError(f"{where}: bad_events_to expects a Sink, got "
                             f"{type(bad_sink).__qualname__}")
-        t = TimestampTransform(self.transform, fn, factory, idle_timeout, native)
+        t = TimestampTransform(self.transform, fn, factory, idle_timeout, native,
+                               upstream_watermarks)
         self.pipeline._add(t, "timestamps")
         if bad_sink is not None:
             t.side_sink = bad_sink

@@ -280,8 +280,9 @@ class Planner:
             self._watermark_step(t)
         side = t.side_sink is not None
         name = t.name
+        follow = t.upstream_watermarks
         v = self.dag.new_vertex(name, lambda: InsertWatermarksProcessor(
-            name, ts_fn, factory, step, idle, side), n)
+            name, ts_fn, factory, step, idle, side, follow), n)
         if side:
             self._side_sink(t, v)
         # one watermark inserter per upstream processor, so each sees one ordered stream

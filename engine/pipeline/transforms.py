@@ -127,12 +127,15 @@ class TimestampTransform(Transform):
     kind = "timestamps"
 
     def __init__(self, upstream: Transform, timestamp_fn: Callable[[Any], int] | None,
-                 policy_factory: Any, idle_timeout: int, native: bool) -> None:
+                 policy_factory: Any, idle_timeout: int, native: bool,
+                 upstream_watermarks: bool = False) -> None:
         super().__init__([upstream])
         self.timestamp_fn = timestamp_fn  # None: the source emits (ts, item) pairs
         self.policy_factory = policy_factory
         self.idle_timeout = idle_timeout
         self.native = native
+        # the source emits its own watermarks (per partition): follow them
+        self.upstream_watermarks = upstream_watermarks
         self.side_sink: Sink | None = None  # events without a readable timestamp
 
 

@@ -9,6 +9,11 @@ are late does not depend on how items were batched.
 An input that delivers nothing for ``idle_timeout`` ms of wall-clock time is marked idle (the
 IDLE message) so that the stages downstream stop waiting for it; its next item makes it active
 again. Watermarks arriving from upstream are dropped: this stage starts a new event time.
+
+After a source that emits its own watermarks (``Source(emits_watermarks=True)``, such as the
+Kafka source tracking event time per partition) and ``with_native_timestamps(lag)``, the stage
+*follows* them instead: each upstream watermark, minus the lag and throttled, is the stage's
+watermark, and the source's idle marker is forwarded; items only get their pairs.
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ class TimestampError(JetwakeError, TypeError, ValueError):
 class InsertWatermarksProcessor(EventTimeProcessor):
     def __init__(self, stage_name: str, timestamp_fn: Callable[[Any], Any] | None,
                  policy_factory: Callable[[], WatermarkPolicy], step: int = 1,
-                 idle_timeout: int = 60_000, side_output: bool = False) -> None:
+                 idle_timeout: int = 60_000, side_output: bool = False,
+                 follow_upstream: bool = False) -> None:
         """``timestamp_fn`` None: the items already are ``(timestamp, item)`` pairs (a source
         with native timestamps). ``side_output``: route items without a readable timestamp
-        to output ordinal 0 instead of failing the job."""
+        to output ordinal 0 instead of failing the job. ``follow_upstream``: the watermarks
+        come from the source (see the module docstring)."""
         self.stage_name = stage_name
         self.timestamp_fn = timestamp_fn
         self.policy_factory = policy_factory
@@ -48,6 +55,7 @@ class InsertWatermarksProcessor(EventTimeProcessor):
         self.per_chunk = step <= 0
         self.idle_timeout = idle_timeout
         self.side_output = side_output
+        self.follow_upstream = follow_upstream
         self.last_wm = NO_WATERMARK
         self.top = NO_WATERMARK
 
@@ -75,6 +83,10 @@ class InsertWatermarksProcessor(EventTimeProcessor):
                 pairs, tss = self._check_pairs(pairs)
         self._last_activity = time.monotonic()
         if not pairs:
+            return
+        if self.follow_upstream:
+            self._emit(pairs)  # the source's watermarks follow in-band
+            self._flush()
             return
         was_idle = self._idle
         self._idle = False
@@ -204,6 +216,8 @@ class InsertWatermarksProcessor(EventTimeProcessor):
     def try_process(self) -> bool:
         if not self._flush():
             return False
+        if self.follow_upstream:
+            return True  # the source decides when it is idle
         if self.real_time:
             self._advance_real_time()
         if (self.idle_timeout and not self._idle
@@ -213,7 +227,24 @@ class InsertWatermarksProcessor(EventTimeProcessor):
         return self._flush()
 
     def try_process_watermark(self, watermark: Watermark) -> bool:
-        return True  # this stage starts a new event time: upstream watermarks end here
+        if not self.follow_upstream:
+            return True  # this stage starts a new event time: upstream watermarks end here
+        if not self._flush():
+            return False
+        if watermark.is_idle:
+            if not self._idle:
+                self._idle = True
+                self._emit_control(IDLE_MESSAGE)
+        else:
+            wm = throttle(watermark.timestamp - self.lag, self.step)
+            if wm > self.last_wm:
+                self.last_wm = wm
+                self._emit_control(Watermark(wm))
+            elif self._idle:  # active again: say so without moving back
+                self._emit_control(Watermark(self.last_wm))
+            self._idle = False
+        self._flush()
+        return True
 
     def complete(self) -> bool:
         return self._flush()
