@@ -16,33 +16,10 @@ import os
 import sys
 import time
 
-from jetwake import JobConfig, Member, Pipeline, Processor, Sinks, Sources
+from jetwake import JobConfig, Member, Pipeline, Sinks, Sources
+from snapshot_fixtures import RunningSum  # this script's folder is on sys.path
 
 KEYS = 13
-
-
-class RunningSum(Processor):
-    """Keyed (sum, count) per key, emitted on every item; state saved in snapshots."""
-
-    def __init__(self) -> None:
-        self.state: dict = {}
-
-    def process(self, ordinal, inbox) -> None:
-        if not self.outbox.has_room():
-            return
-        out = []
-        state = self.state
-        for k, v in inbox.drain():
-            s, c = state.get(k, (0, 0))
-            state[k] = (s + v, c + 1)
-            out.append((k, state[k]))
-        self.outbox.offer_chunk(-1, out)
-
-    def save_to_snapshot(self) -> bool:
-        return self.outbox.offer_all_to_snapshot(list(self.state.items()))
-
-    def restore_from_snapshot(self, inbox) -> None:
-        self.state.update(inbox.drain())
 
 
 def build_pipeline() -> Pipeline:
