@@ -48,9 +48,10 @@ class Job:
         self._c.join(timeout)
 
     def cancel(self) -> None:
-        """Stops the job; it ends FAILED with JobCancelledError. Its automatic snapshots are
-        deleted; named exports stay."""
+        """Stops the job and returns once it has stopped: it ends FAILED, and ``join()``
+        raises JobCancelledError. Its automatic snapshots are deleted; named exports stay."""
         self._c.cancel()
+        self._c.wait_ended(30)
 
     def suspend(self) -> None:
         """Takes a terminal snapshot (if the job has a guarantee) and stops; see resume()."""
@@ -63,8 +64,11 @@ class Job:
         self._c.resume()
 
     def restart(self) -> None:
-        """Stops the running execution and starts a new one from the last snapshot."""
+        """Stops the running execution and starts a new one from the last snapshot; returns
+        once the new one runs."""
+        generation = self._c.execution_count
         self._c.restart()
+        self._c.wait_for_execution(generation + 1, 60)
 
     def export_snapshot(self, name: str):
         """Takes a snapshot and keeps it under ``name`` until deleted; a new job can start

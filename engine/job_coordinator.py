@@ -59,6 +59,7 @@ class JobCoordinator:
         self.snapshot_count = 0
         self.restart_count = 0
         self._execution: Execution | None = None
+        self.execution_count = 0  # executions started so far
         self._snapshot: SnapshotContext | None = None
         self._stop_reason = _STOP_NONE
         self._lock = threading.RLock()
@@ -122,6 +123,13 @@ class JobCoordinator:
                 finally:
                     self.status = saved
 
+    def wait_for_execution(self, count: int, timeout: float) -> bool:
+        """Waits until ``count`` executions have started and the job runs (or has ended)."""
+        with self._lock:
+            return self._state_changed.wait_for(
+                lambda: (self.execution_count >= count and self.status == JobStatus.RUNNING)
+                or self.status.is_terminal, timeout)
+
     def wait_for_status(self, statuses: set[JobStatus], timeout: float) -> bool:
         with self._lock:
             return self._state_changed.wait_for(lambda: self.status in statuses, timeout)
@@ -169,6 +177,7 @@ class JobCoordinator:
         with self._lock:
             self._execution = execution
             self._snapshot = snapshot
+            self.execution_count += 1
         self._set_status(JobStatus.RUNNING)
         log.info("job %s (%s) started: %d processors%s", self.name, self.job_id, len(tasklets),
                  f", restored from {desc}" if saved is not None else "")

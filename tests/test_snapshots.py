@@ -222,3 +222,21 @@ def test_a_completed_source_is_not_replayed_after_a_restore():
         wait_for_snapshot(job, job.last_snapshot.snapshot_id)
         assert sorted(m.get_list("short")) == list(range(500))
         job.cancel()
+
+
+def test_cancel_returns_once_the_job_has_stopped():
+    with Member() as m:
+        job = m.new_job(running_sum_pipeline(None), eo())
+        job.cancel()
+        assert job.status == JobStatus.FAILED
+        with pytest.raises(Exception, match="cancelled"):
+            job.join(1)
+
+
+def test_restart_returns_once_the_new_execution_runs():
+    with Member() as m:
+        job = m.new_job(running_sum_pipeline(None), eo())
+        wait_for_snapshot(job)
+        job.restart()
+        assert job.status == JobStatus.RUNNING
+        job.cancel()
