@@ -42,7 +42,12 @@ def new_job_id() -> str:
 
 
 class Member:
-    """An embedded member: ``with Member() as m: m.new_job(pipeline).join()``."""
+    """An embedded member: ``with Member() as m: m.new_job(pipeline).join()``.
+
+    ``local_parallelism``: processors per vertex when a stage or job sets none (default 1).
+    ``cooperative_threads``: worker threads for cooperative tasklets (default 2).
+    ``journal_capacity``: events kept in each map's event journal.
+    """
 
     def __init__(self, data_dir: str | os.PathLike | None = None, *,
                  cooperative_threads: int | None = None, local_parallelism: int | None = None,
@@ -55,7 +60,10 @@ class Member:
         threads = cooperative_threads if cooperative_threads is not None else min(2, cpus)
         if not isinstance(threads, int) or threads < 1:
             raise ValueError(f"cooperative_threads must be a positive int, got {threads!r}")
-        lp = local_parallelism if local_parallelism is not None else min(2, cpus)
+        # one processor per vertex by default: under the GIL a member does about one core of
+        # Python work, and more processors on one member cost switching, not speed (measured
+        # in docs/performance.md); more cores are used by more members
+        lp = local_parallelism if local_parallelism is not None else 1
         if not isinstance(lp, int) or lp < 1:
             raise ValueError(f"local_parallelism must be a positive int, got {lp!r}")
         self.data_dir = os.fspath(data_dir) if data_dir is not None else None
