@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) examples/word_count.py
+	$(PY) examples/streaming_windows.py
 
 test: $(STAMP)
 	$(PY) -m pytest tests
