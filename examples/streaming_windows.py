@@ -39,7 +39,8 @@ def main() -> None:
                 print(f"  window [{r.start}, {r.end}) {r.key:<4} {r.result} events")
             shown = len(windows)
         job.cancel()
-        print(f"job {job.name}: {job.status.value} (cancelled after {SECONDS} s)")
+        # as in Jet, a cancelled job ends in FAILED status with a cancellation error
+        print(f"job {job.name} cancelled after {SECONDS} s (status {job.status.value})")
 
 
 if __name__ == "__main__":
