@@ -163,7 +163,7 @@ def test_one_quiet_source_partition_stalls_the_job_only_without_idle_timeout(
         idle_timeout, expect_results):
     with Member(local_parallelism=2) as m:
         job = m.new_job(idle_job(idle_timeout))
-        deadline = time.time() + (5 if expect_results else 1)
+        deadline = time.time() + (15 if expect_results else 1)
         while time.time() < deadline and len(m.get_list("out")) < 9:
             time.sleep(0.05)
         out = sorted(m.get_list("out"))

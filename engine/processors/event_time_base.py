@@ -12,6 +12,7 @@ goes to every ordinal (-1).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from operator import itemgetter
 from typing import Any, Callable, Iterator
@@ -43,9 +44,11 @@ class EventTimeProcessor(Processor):
 
     side_output = False
     stage_name = ""
+    early_period = 0  # ms between early results of open windows (0: none)
 
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
+        self._next_early = time.monotonic() + self.early_period / 1000
         self._pending: deque = deque()
         self._snapshot_iter: Iterator[tuple[Any, Any]] | None = None
         self._snapshot_held: tuple[Any, Any] | None = None
@@ -107,6 +110,14 @@ class EventTimeProcessor(Processor):
 
     def _advance_watermark(self, ts: int) -> None:
         """Event time has reached ``ts``: emit or evict what that completes."""
+
+    def _early_results_due(self) -> bool:
+        """Whether it is time to emit early results of the open windows (and restart the
+        clock when it is)."""
+        if not self.early_period or time.monotonic() < self._next_early:
+            return False
+        self._next_early = time.monotonic() + self.early_period / 1000
+        return True
 
     def _count_late(self, n: int) -> None:
         m = self.context.metrics

@@ -14,13 +14,12 @@ counted and dropped (or routed to the late-events sink).
 from __future__ import annotations
 
 import heapq
-import time
 from typing import Any, Callable
 
 from ..pipeline.aggregate import AggregateOperation
 from ..pipeline.window_definition import WindowDefinition
 from ..pipeline.window_result import KeyedWindowResult, WindowResult
-from ..processor import BroadcastKey, Inbox, ProcessorContext
+from ..processor import BroadcastKey, Inbox
 from .sliding_window import _WM_KEY, _WindowBase
 
 __all__ = ["SessionWindowProcessor"]
@@ -39,12 +38,6 @@ class SessionWindowProcessor(_WindowBase):
         self._deadlines: list[tuple[int, int, Any]] = []
         self._seq = 0  # breaks ties between keys that do not compare
         self.early_period = wdef.early_results_period
-        self._next_early = 0.0
-
-    def init(self, context: ProcessorContext) -> None:
-        super().init(context)
-        if self.early_period:
-            self._next_early = time.monotonic() + self.early_period / 1000
 
     def _push(self, end: int, key: Any) -> None:
         self._seq += 1
@@ -137,8 +130,7 @@ class SessionWindowProcessor(_WindowBase):
     def try_process(self) -> bool:
         if not self._flush():
             return False
-        if self.early_period and time.monotonic() >= self._next_early:
-            self._next_early = time.monotonic() + self.early_period / 1000
+        if self._early_results_due():
             export = self.op.export
             keyed = self.key_fn is not None
             self._emit([KeyedWindowResult(s[0], s[1], k, export(s[2]), True) if keyed

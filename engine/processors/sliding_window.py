@@ -24,7 +24,6 @@ when the user routes late events to a sink.
 
 from __future__ import annotations
 
-import time
 from bisect import bisect_left, insort
 from itertools import repeat
 from typing import Any, Callable, Sequence
@@ -226,12 +225,6 @@ class WindowCombineProcessor(_WindowBase):
         self.win: dict = {}               # deduct path: key -> [acc, frames holding the key]
         self.win_end: int | None = None   # the window ``win`` holds, by its end
         self.early_period = wdef.early_results_period
-        self._next_early = 0.0
-
-    def init(self, context: ProcessorContext) -> None:
-        super().init(context)
-        if self.early_period:
-            self._next_early = time.monotonic() + self.early_period / 1000
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if not self._flush():
@@ -269,8 +262,7 @@ class WindowCombineProcessor(_WindowBase):
     def try_process(self) -> bool:
         if not self._flush():
             return False
-        if self.early_period and time.monotonic() >= self._next_early:
-            self._next_early = time.monotonic() + self.early_period / 1000
+        if self._early_results_due():
             self._emit_early()
         return self._flush()
 
@@ -441,12 +433,6 @@ class SlidingWindowProcessor(_WindowBase):
         self.key_fn = key_fn
         self.windows: dict[int, dict] = {}  # window end -> key -> acc
         self.early_period = wdef.early_results_period
-        self._next_early = 0.0
-
-    def init(self, context: ProcessorContext) -> None:
-        super().init(context)
-        if self.early_period:
-            self._next_early = time.monotonic() + self.early_period / 1000
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if not self._flush():
@@ -494,8 +480,7 @@ class SlidingWindowProcessor(_WindowBase):
     def try_process(self) -> bool:
         if not self._flush():
             return False
-        if self.early_period and time.monotonic() >= self._next_early:
-            self._next_early = time.monotonic() + self.early_period / 1000
+        if self._early_results_due():
             export = self.op.export
             size = self.size
             for e in sorted(self.windows):
