@@ -92,6 +92,7 @@ def test_random_sequences_never_go_backwards_and_never_exceed_any_live_input():
         idle = [False] * n
         done = [False] * n
         last = NO_WATERMARK
+        top = NO_WATERMARK
         for _ in range(30):
             q = rnd.randrange(n)
             if done[q]:
@@ -106,11 +107,30 @@ def test_random_sequences_never_go_backwards_and_never_exceed_any_live_input():
             else:
                 idle[q] = False
                 wms[q] = max(wms[q], rnd.randint(0, 100))
+                top = max(top, wms[q])
                 out = c.observe(q, wms[q])
             if out is not None and out != IDLE_TIMESTAMP:
                 if out == last:
                     continue  # the repeat that says "no longer idle"
                 assert out > last
                 live = [w for w, i, d in zip(wms, idle, done) if not i and not d]
-                assert live and all(out <= w for w in live)
+                if live:
+                    assert all(out <= w for w in live)
+                else:  # every input fell idle: the highest watermark reached, then idle
+                    assert out == top
+                    assert c.take_deferred() == IDLE_TIMESTAMP
                 last = out
+
+
+def test_inputs_falling_idle_in_either_order_end_at_the_same_watermark():
+    # one input reached 900 and one never emitted: whichever falls idle first, event time
+    # reaches 900 before the idle marker goes downstream
+    for first, second in ((0, 1), (1, 0)):
+        c = WatermarkCoalescer(2)
+        assert c.observe(0, 900) is None  # input 1 has no watermark yet
+        outs = [c.observe(first, IDLE_TIMESTAMP), c.observe(second, IDLE_TIMESTAMP)]
+        outs = [o for o in outs if o is not None]
+        deferred = c.take_deferred()
+        if deferred is not None:
+            outs.append(deferred)
+        assert outs == [900, IDLE_TIMESTAMP]

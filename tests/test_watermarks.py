@@ -167,8 +167,9 @@ def test_one_quiet_source_partition_stalls_the_job_only_without_idle_timeout(
         while time.time() < deadline and len(m.get_list("out")) < 9:
             time.sleep(0.05)
         out = sorted(m.get_list("out"))
+        state = (job.status, job.failure, job.metrics())
         job.cancel()
     if expect_results:
-        assert [(r.start, r.result) for r in out] == [(s, 10) for s in range(0, 900, 100)]
+        assert [(r.start, r.result) for r in out] == [(s, 10) for s in range(0, 900, 100)], state
     else:
         assert out == []

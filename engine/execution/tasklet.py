@@ -108,7 +108,9 @@ class ProcessorTasklet:
         if self._pending_wm is not None:
             if not proc.try_process_watermark(Watermark(self._pending_wm)):
                 return False
-            self._pending_wm = None
+            self._pending_wm = self.coalescer.take_deferred()
+            if self._pending_wm is not None:
+                return True
             progress = True
         while self._pending_complete_edge:
             if not proc.complete_edge(self._pending_complete_edge[0]):
