@@ -38,7 +38,9 @@ class ListSinkProcessor(Processor):
             self._list.add_all(inbox.drain())
 
     def save_to_snapshot(self) -> bool:
-        sid = self.context.snapshot.requested_id if self.context.snapshot else -1
+        if not self._transactional:
+            return True  # items were appended as they came: nothing to hold back
+        sid = self.context.snapshot.requested_id  # type: ignore[union-attr]
         self._prepared[sid] = self._pending
         self._pending = []
         return self.outbox.offer_to_snapshot(self._writer, [sid, self._prepared[sid]])

@@ -98,6 +98,15 @@ class _WindowBase(EventTimeProcessor):
     def _frame_floor(self, ts: int) -> int:
         return ts - ts % self.slide
 
+    def _advance_watermark(self, ts: int) -> None:
+        limit = self._frame_floor(ts)
+        if limit > self.min_ts:
+            self.min_ts = limit
+            self._close_upto(limit)
+
+    def _close_upto(self, limit: int) -> None:
+        """Every frame (or window) ending at or before ``limit`` is complete: emit it."""
+
     def restore_watermark(self, value: int) -> None:
         # every processor's watermark reaches every processor: the lowest is the safe one
         self._restored_wm = value if self._restored_wm is None else min(self._restored_wm, value)
@@ -173,13 +182,10 @@ class FrameAccumulateProcessor(_WindowBase):
         return [(k, f, [t[k] if k in t else ops[i].create() for i, t in enumerate(tables)])
                 for k in keys]
 
-    def _advance_watermark(self, ts: int) -> None:
-        limit = self._frame_floor(ts)
-        if limit > self.min_ts:
-            self.min_ts = limit
-            frames = self.frames
-            for f in sorted(f for f in frames if f < limit):
-                self._emit(self._frame_items(f, frames.pop(f)))
+    def _close_upto(self, limit: int) -> None:
+        frames = self.frames
+        for f in sorted(f for f in frames if f < limit):
+            self._emit(self._frame_items(f, frames.pop(f)))
 
     def try_process(self) -> bool:
         return self._flush()
@@ -246,11 +252,8 @@ class WindowCombineProcessor(_WindowBase):
         if late:
             self._count_late(late)
 
-    def _advance_watermark(self, ts: int) -> None:
-        limit = self._frame_floor(ts)
-        if limit > self.min_ts:
-            self.min_ts = limit
-            self._emit_windows(limit)
+    def _close_upto(self, limit: int) -> None:
+        self._emit_windows(limit)
 
     def complete(self) -> bool:
         if not self._completing:
@@ -471,11 +474,8 @@ class SlidingWindowProcessor(_WindowBase):
             else:
                 self._emit([WindowResult(e - size, e, finish(a)) for a in table.values()])
 
-    def _advance_watermark(self, ts: int) -> None:
-        limit = self._frame_floor(ts)
-        if limit > self.min_ts:
-            self.min_ts = limit
-            self._emit_upto(limit)
+    def _close_upto(self, limit: int) -> None:
+        self._emit_upto(limit)
 
     def try_process(self) -> bool:
         if not self._flush():
