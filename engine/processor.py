@@ -264,6 +264,11 @@ class Processor:
     outbox: Outbox
     context: ProcessorContext
 
+    #: True for a sink whose phase 2 makes output visible outside the job (a transaction it
+    #: commits). The engine then refuses to restore past a damaged snapshot, whose phase 2 may
+    #: already be visible, unless the job accepts at-least-once for that restore.
+    transactional_sink: bool = False
+
     def init(self, context: ProcessorContext) -> None:
         """Called once before any other method."""
         self.context = context
