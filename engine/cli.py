@@ -274,11 +274,37 @@ def _wait(job, args: argparse.Namespace, what: str,
 
 
 def cmd_member_start(args: argparse.Namespace) -> int:
-    from .service import serve
+    from .service import InsecureAddressError, check_listen_address, serve
     token = getattr(args, "token", None) or os.environ.get("JETWAKE_TOKEN") or None
+    try:  # before anything is opened: a usage error, on stderr like the others
+        check_listen_address(args.host, token)
+    except InsecureAddressError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
     return serve(data_dir=args.data_dir, host=args.host, port=args.port, token=token,
                  metrics_port=args.metrics_port, cooperative_threads=args.cooperative_threads,
-                 local_parallelism=args.local_parallelism, log_level=args.log_level)
+                 local_parallelism=args.local_parallelism, log_level=args.log_level,
+                 hello_timeout=args.hello_timeout,
+                 max_unauthenticated=args.max_unauthenticated)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -494,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  jetwake list-jobs\n"
                "  jetwake --address 10.0.0.5:5701 --token s3cret status wc\n\n"
                "`jetwake COMMAND --help` describes each command.")
-    from .service import version
+    from .service import HELLO_TIMEOUT_S, MAX_UNAUTHENTICATED, version
     parser.add_argument("--version", action="version", version=f"jetwake {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -525,7 +551,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="address to listen on (default: 127.0.0.1, loopback only)")
     ms.add_argument("--port", type=int, default=5701, help="client port (default: 5701)")
     ms.add_argument("--token", "-t", default=argparse.SUPPRESS,
-                    help="require this token from every client (default: $JETWAKE_TOKEN)")
+                    help="require this token from every client (default: $JETWAKE_TOKEN); "
+                         "required unless --host is a loopback address")
+    ms.add_argument("--hello-timeout", type=_positive_seconds,
+                    default=HELLO_TIMEOUT_S, metavar="SECONDS",
+                    help="time a new connection has to authenticate, for its whole first "
+                         f"message (default: {HELLO_TIMEOUT_S:g})")
+    ms.add_argument("--max-unauthenticated", type=_positive_int,
+                    default=MAX_UNAUTHENTICATED, metavar="N",
+                    help="connections that may wait to authenticate at once; more are "
+                         f"closed at once (default: {MAX_UNAUTHENTICATED})")
     ms.add_argument("--metrics-port", type=int, metavar="PORT",
                     help="serve Prometheus /metrics and /health on this port")
     ms.add_argument("--cooperative-threads", type=int, metavar="N",

@@ -7,6 +7,12 @@ Wire protocol (one TCP connection per client, one request and one response per f
   read with a 64 KiB limit and decoded as plain msgpack (no extension types); the token is
   compared with :func:`hmac.compare_digest`. Nothing else is read from a client before its
   hello is accepted, and a wrong token closes the connection;
+* the whole hello must arrive within ``hello_timeout`` seconds of the connection being
+  accepted (one deadline, not a limit per read: a client sending a byte now and then is
+  closed all the same), and at most ``max_unauthenticated`` connections may be waiting for
+  their hello at once: the member closes further ones at once, with one error reply;
+* a member without a token serves anyone who reaches its port, and a submitted pipeline is
+  code: so it only listens without a token on a loopback address (fail closed);
 * after the hello, requests are ``{"op": NAME, "args": {...}}`` encoded with jetwake's msgpack
   serialization (tuples, datetimes, registered types; never pickle). A submitted pipeline
   travels as cloudpickle bytes inside a frame and is unpickled only on an authenticated
@@ -20,6 +26,7 @@ Jobs belong to the member, not to the connection: a client may disconnect while 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import os
 import signal
@@ -42,7 +49,8 @@ from .job_status import JobStatus
 from .serialization import dumps, loads
 
 __all__ = ["MemberService", "serve", "PROTOCOL_VERSION", "DEFAULT_PORT", "version",
-           "read_frame", "write_frame", "ProtocolError"]
+           "read_frame", "write_frame", "ProtocolError", "InsecureAddressError",
+           "is_loopback", "check_listen_address"]
 
 log = logging.getLogger("jetwake.service")
 
@@ -51,11 +59,47 @@ DEFAULT_PORT = 5701
 HELLO_MAX_BYTES = 64 * 1024
 FRAME_MAX_BYTES = 1 << 30
 HELLO_TIMEOUT_S = 10.0
+# Each connection waiting for its hello holds a thread (for hello_timeout at most): a burst of
+# honest clients connecting at once stays well below this, a flood of silent ones is cut off.
+MAX_UNAUTHENTICATED = 256
 _LEN = struct.Struct(">I")
 
 
 class ProtocolError(Exception):
     """The peer sent something that is not a frame of this protocol."""
+
+
+class InsecureAddressError(ValueError):
+    """A member without a token was asked to listen on an address others can reach."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and the loopback addresses (127.0.0.0/8, ::1). Anything else,
+    host names included, counts as reachable from the network: the check fails closed."""
+    h = host.strip().lower()
+    if h == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(h)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def check_listen_address(host: str, token: str | None) -> None:
+    """Raises :class:`InsecureAddressError` when ``host`` is not a loopback address and there
+    is no token: any client reaching the port could submit a pipeline, which is Python code
+    run in the member."""
+    if token or is_loopback(host):
+        return
+    shown = host if host else "all interfaces"
+    raise InsecureAddressError(
+        f"refusing to listen on {shown} without a token: anyone who can reach that address "
+        "could run arbitrary code in this member (a submitted pipeline is Python code). "
+        "Set a token with --token TOKEN or the JETWAKE_TOKEN environment variable (clients "
+        "then need the same token), or listen on loopback only (--host 127.0.0.1)")
 
 
 def version() -> str:
@@ -66,9 +110,14 @@ def version() -> str:
         return "0.1.0"
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes | None:
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:  # the time left for the whole frame, not for this read
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("deadline passed")
+            sock.settimeout(left)
         chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:
             if not buf:
@@ -78,15 +127,18 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def read_frame(sock: socket.socket, limit: int = FRAME_MAX_BYTES) -> bytes | None:
-    """The next frame's bytes, or None when the peer closed the connection cleanly."""
-    head = _recv_exact(sock, 4)
+def read_frame(sock: socket.socket, limit: int = FRAME_MAX_BYTES,
+               deadline: float | None = None) -> bytes | None:
+    """The next frame's bytes, or None when the peer closed the connection cleanly. With a
+    ``deadline`` (a :func:`time.monotonic` time) the whole frame must arrive before it, or
+    :class:`socket.timeout` is raised; the socket's timeout is left changed."""
+    head = _recv_exact(sock, 4, deadline)
     if head is None:
         return None
     (n,) = _LEN.unpack(head)
     if n > limit:
         raise ProtocolError(f"frame of {n} bytes exceeds the limit of {limit} bytes")
-    data = _recv_exact(sock, n)
+    data = _recv_exact(sock, n, deadline)
     if data is None:
         raise ProtocolError("connection closed in the middle of a frame")
     return data
@@ -142,12 +194,40 @@ class MemberService:
                    "remove", "clear", "put_if_absent"}
     LIST_METHODS = {"len", "getitem", "slice", "all", "clear"}
 
+    # at most one warning per this many seconds about refused connections (a flood of them
+    # must not flood the log too); the count is in ``refused_connections``
+    REFUSAL_LOG_INTERVAL_S = 10.0
+
     def __init__(self, member: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                 token: str | None = None) -> None:
+                 token: str | None = None, *, hello_timeout: float = HELLO_TIMEOUT_S,
+                 max_unauthenticated: int = MAX_UNAUTHENTICATED) -> None:
+        """Binds ``host:port`` (port 0: any free port) and listens; :meth:`start` serves.
+
+        ``hello_timeout``: seconds a new connection has to deliver its whole hello.
+        ``max_unauthenticated``: connections that may wait for their hello at once; the member
+        closes further ones at once. Raises :class:`InsecureAddressError` (a ValueError) for a
+        non-loopback ``host`` without a ``token``, ValueError for a bad limit, OSError when
+        the address cannot be bound."""
+        if isinstance(hello_timeout, bool) or not isinstance(hello_timeout, (int, float)) \
+                or not 0 < hello_timeout < float("inf"):
+            raise ValueError(f"hello_timeout must be a positive number of seconds, got "
+                             f"{hello_timeout!r}")
+        if isinstance(max_unauthenticated, bool) or not isinstance(max_unauthenticated, int) \
+                or max_unauthenticated < 1:
+            raise ValueError(f"max_unauthenticated must be a whole number >= 1, got "
+                             f"{max_unauthenticated!r}")
+        check_listen_address(host, token)
         self.member = member
         self.token = token or None
+        self.hello_timeout = float(hello_timeout)
+        self.max_unauthenticated = max_unauthenticated
         self.started = time.time()
         self.serving = False
+        self._unauthenticated = 0  # connections accepted whose hello is not yet answered
+        self.refused_connections = 0  # closed at once because too many were waiting
+        self._unrefused_logged = 0  # refusals not yet reported in a log line
+        self._next_refusal_log = 0.0
+        self._conn_lock = threading.Lock()
         self._starts: dict[str, int] = {}  # job id -> executions started (RUNNING events)
         self._starts_lock = threading.Lock()
         member.add_listener(self._on_event)
@@ -161,6 +241,20 @@ class MemberService:
             daemon_threads = True
             allow_reuse_address = True
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            # the listen backlog: socketserver's default of 5 made the kernel drop most of a
+            # burst of connecting clients (they retry after 1 s, 3 s, ... or give up)
+            request_queue_size = socket.SOMAXCONN
+
+            def process_request(self, request: Any, client_address: Any) -> None:
+                # decided on the accepting thread: a refused connection costs no thread
+                if not service._admit(request, client_address):
+                    self.shutdown_request(request)
+                    return
+                try:
+                    super().process_request(request, client_address)
+                except BaseException:
+                    service._authenticated_or_gone()
+                    raise
 
         self.server = Server((host, port), Handler)
         self.address = self.server.server_address[:2]
@@ -177,9 +271,16 @@ class MemberService:
         self._thread.start()
         return self
 
+    @property
+    def unauthenticated_connections(self) -> int:
+        """Connections accepted whose hello has not been answered yet."""
+        with self._conn_lock:
+            return self._unauthenticated
+
     def stop(self) -> None:
         self.serving = False
-        self.server.shutdown()
+        if self._thread is not None:  # shutdown() waits for serve_forever: only if it ran
+            self.server.shutdown()
         self.server.server_close()
 
     # --- lifecycle log ---------------------------------------------------------------------
@@ -210,14 +311,58 @@ class MemberService:
 
     # --- connections -----------------------------------------------------------------------
 
+    def _admit(self, sock: socket.socket, peer: Any) -> bool:
+        """Counts a new connection as waiting for its hello, or refuses it (one error reply,
+        without blocking) when ``max_unauthenticated`` are already waiting."""
+        with self._conn_lock:
+            if self._unauthenticated < self.max_unauthenticated:
+                self._unauthenticated += 1
+                return True
+            self.refused_connections += 1
+            self._unrefused_logged += 1
+            now = time.monotonic()
+            report = now >= self._next_refusal_log
+            if report:
+                count, self._unrefused_logged = self._unrefused_logged, 0
+                self._next_refusal_log = now + self.REFUSAL_LOG_INTERVAL_S
+        if report:
+            peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+            log.warning("refused %d connection(s) (the latest from %s): %d clients are already "
+                        "waiting to authenticate, the limit (--max-unauthenticated); %d refused "
+                        "since the start", count, peer_text, self.max_unauthenticated,
+                        self.refused_connections)
+        try:
+            sock.setblocking(False)
+            write_frame(sock, msgpack.packb({"ok": False, "error": [
+                "MemberUnreachableError",
+                f"the member at {self.address_text} is busy: {self.max_unauthenticated} "
+                "connections are already waiting to authenticate; try again shortly"]}))
+            # read what the client sent already, so that closing sends FIN rather than RST
+            # (an RST may destroy the reply before the client reads it)
+            sock.recv(HELLO_MAX_BYTES)
+        except OSError:
+            pass  # best effort: the connection is closed either way
+        return False
+
+    def _authenticated_or_gone(self) -> None:
+        with self._conn_lock:
+            self._unauthenticated -= 1
+
     def _handle_connection(self, sock: socket.socket, peer: Any) -> None:
         peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        waiting = True  # counted in _unauthenticated until the hello is answered
         try:
-            sock.settimeout(HELLO_TIMEOUT_S)
-            data = read_frame(sock, HELLO_MAX_BYTES)
+            deadline = time.monotonic() + self.hello_timeout
+            try:
+                data = read_frame(sock, HELLO_MAX_BYTES, deadline)
+            except socket.timeout:
+                raise socket.timeout(f"no complete hello within {self.hello_timeout:g} s") \
+                    from None
             if data is None:
                 return
             hello = _decode_hello(data)
+            # the reply is small; a client that does not read it gets the rest of its deadline
+            sock.settimeout(max(deadline - time.monotonic(), 1.0))
             if not self._authenticate(hello.get("token")):
                 log.warning("client %s: rejected (%s token)", peer_text,
                             "no" if not hello.get("token") else "wrong")
@@ -228,6 +373,8 @@ class MemberService:
                 return
             write_frame(sock, msgpack.packb({"ok": True, "result": self._member_info()}))
             log.debug("client %s connected", peer_text)
+            waiting = False
+            self._authenticated_or_gone()
             sock.settimeout(None)
             while True:
                 data = read_frame(sock)
@@ -239,6 +386,8 @@ class MemberService:
         except OSError as e:
             log.debug("client %s: connection lost: %r", peer_text, e)
         finally:
+            if waiting:
+                self._authenticated_or_gone()
             try:
                 sock.close()
             except OSError:
@@ -286,7 +435,8 @@ class MemberService:
                 "protocol": PROTOCOL_VERSION, "pid": os.getpid(),
                 "data_dir": self.member.data_dir, "started": self.started,
                 "uptime_s": round(time.time() - self.started, 1), "jobs": counts,
-                "token_required": self.token is not None}
+                "token_required": self.token is not None,
+                "refused_connections": self.refused_connections}
 
     def _coordinator(self, job_id: str):
         c = self.member.find_coordinator(job_id)
@@ -484,15 +634,22 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
           token: str | None = None, metrics_port: int | None = None,
           cooperative_threads: int | None = None, local_parallelism: int | None = None,
           log_level: str = "INFO", install_signals: bool = True,
-          stop_event: threading.Event | None = None) -> int:
+          stop_event: threading.Event | None = None, hello_timeout: float = HELLO_TIMEOUT_S,
+          max_unauthenticated: int = MAX_UNAUTHENTICATED) -> int:
     """Runs a member in the foreground until SIGTERM/SIGINT (or ``stop_event``); returns the
     process exit code. The first signal shuts down gracefully (jobs with a guarantee take a
     terminal snapshot and resume on the next start on the same data directory); a second one
-    exits at once."""
+    exits at once. A non-loopback ``host`` without a ``token`` is refused (exit code 2) before
+    anything else is opened."""
     from .member import Member
     from .metrics import MetricsServer
 
     configure_logging(log_level)
+    try:
+        check_listen_address(host, token)
+    except InsecureAddressError as e:
+        log.error("%s", e)
+        return 2
     stop = stop_event or threading.Event()
     signals = {"count": 0}
 
@@ -524,7 +681,12 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
         log.exception("cannot start the member: %s", e)
         return 1
     try:
-        service = MemberService(member, host, port, token)
+        service = MemberService(member, host, port, token, hello_timeout=hello_timeout,
+                                max_unauthenticated=max_unauthenticated)
+    except ValueError as e:
+        log.error("cannot start the member: %s", e)
+        member.shutdown(graceful=False)
+        return 2
     except OSError as e:
         log.error("cannot listen on %s:%s: %s", host, port, e.strerror or e)
         member.shutdown(graceful=False)
@@ -547,9 +709,6 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
         extra = f", metrics on http://{metrics.address[0]}:{metrics.address[1]}/metrics"
     log.info("member ready on %s%s%s (%d jobs)", service.address_text,
              ", token required" if token else "", extra, len(member.coordinators()))
-    if host not in ("127.0.0.1", "localhost", "::1") and not token:
-        log.warning("listening on %s without a token: anyone who can reach this port can run "
-                    "code in this process; set --token", host)
     try:
         while not stop.wait(0.5):
             pass
