@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 __all__ = ["JetwakeError", "JobNotFoundError", "JobCancelledError", "JobStateError",
-           "SnapshotNotFoundError", "RestartableError", "SnapshotError"]
+           "SnapshotNotFoundError", "RestartableError", "SnapshotError", "FallbackRefusedError",
+           "SnapshotWriteError"]
 
 
 class JetwakeError(Exception):
@@ -39,3 +40,13 @@ class RestartableError(JetwakeError):
 
 class SnapshotError(JetwakeError):
     """A snapshot could not be read, matched to the job, or written; the message says why."""
+
+
+class FallbackRefusedError(SnapshotError):
+    """The newest snapshot is damaged, and restoring an older one could make a transactional
+    sink write records twice; the job is suspended until the user accepts that."""
+
+
+class SnapshotWriteError(SnapshotError):
+    """A snapshot could not be written (a full disk, say); that snapshot was rolled back, the
+    previous one stays valid and the job runs on."""

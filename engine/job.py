@@ -59,9 +59,11 @@ class Job:
         self._c.wait_for_status({JobStatus.SUSPENDED, JobStatus.FAILED,
                                  JobStatus.COMPLETED}, 60)
 
-    def resume(self) -> None:
-        """Starts a suspended job again from its last snapshot."""
-        self._c.resume()
+    def resume(self, accept_at_least_once_on_fallback: bool = False) -> None:
+        """Starts a suspended job again from its last snapshot. ``accept_at_least_once_on_fallback``:
+        when the job was suspended because its newest snapshot is damaged and an older one
+        could make a transactional sink write records twice, accept that for this restore."""
+        self._c.resume(accept_at_least_once_on_fallback)
 
     def restart(self) -> None:
         """Stops the running execution and starts a new one from the last snapshot; returns

@@ -20,6 +20,10 @@ class JobConfig:
     ``local_parallelism``: default processors per vertex on each member (-1: the member's).
     ``state_backend``: "memory" or "rocksdb" for keyed state (rocksdb needs a data directory).
     ``state_cache_bytes``: the RocksDB backend's write-back cache per processor.
+    ``accept_at_least_once_on_fallback``: when the newest snapshot is damaged, an exactly-once
+    job with a transactional sink (``Sinks.kafka``, ``Sinks.list``) refuses to restore from an
+    older one, because the damaged snapshot's phase 2 may already have committed output that
+    the older one would write again. True accepts that (at-least-once for this restore).
     ``arguments``: free-form facts about the submission (the CLI records the file and its
     arguments), kept in the job record.
     """
@@ -32,6 +36,7 @@ class JobConfig:
     local_parallelism: int = -1
     state_backend: str = "memory"
     state_cache_bytes: int = 64 * 2**20
+    accept_at_least_once_on_fallback: bool = False
     arguments: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -53,6 +58,9 @@ class JobConfig:
                 self.local_parallelism < 1 and self.local_parallelism != -1):
             raise ValueError("JobConfig.local_parallelism must be a positive int or -1, "
                              f"got {self.local_parallelism!r}")
+        if not isinstance(self.accept_at_least_once_on_fallback, bool):
+            raise ValueError("JobConfig.accept_at_least_once_on_fallback must be True or False, "
+                             f"got {self.accept_at_least_once_on_fallback!r}")
         if self.state_backend not in ("memory", "rocksdb"):
             raise ValueError("JobConfig.state_backend must be 'memory' or 'rocksdb', "
                              f"got {self.state_backend!r}")

@@ -18,11 +18,11 @@ from ..snapshot.job_records import JobRecord
 from ..snapshot.store import CommitRecord, SnapshotDamagedError, SnapshotStoreError
 from .dag import DAG
 from .errors import (
-    JobCancelledError, JobStateError, RestartableError, SnapshotError, SnapshotNotFoundError,
+    FallbackRefusedError, JobCancelledError, JobStateError, RestartableError, SnapshotError,
+    SnapshotNotFoundError, SnapshotWriteError,
 )
 from .execution.plan import PlanContext, build_tasklets
 from .fault_injection import crash_point
-from .serialization import SerializationError
 from .execution.service import Execution
 from .job_config import JobConfig
 from .job_status import JobStatus
@@ -68,6 +68,9 @@ class JobCoordinator:
         self._state_changed = threading.Condition(self._lock)
         self._ended = threading.Event()
         self._snapshotter: threading.Thread | None = None
+        self._accept_fallback_once = False
+        self.snapshot_failures = 0  # snapshots that could not be written (metric)
+        self.last_snapshot_error: str | None = None
         self.dag: DAG = self._compile()
 
     def _compile(self) -> DAG:
@@ -146,31 +149,18 @@ class JobCoordinator:
             self._save_record(self.definition)
         self._set_status(JobStatus.STARTING)
         try:
-            saved, restored_id, desc = self._load_state(restore)
-            snapshot = SnapshotContext(restored_id) if self.config.snapshots_enabled else None
-            ctx = PlanContext(job_id=self.job_id, job_name=self.name,
-                              processing_guarantee=self.config.processing_guarantee,
-                              default_parallelism=self._default_parallelism(),
-                              member=self.member, snapshot=snapshot,
-                              state_factory=self._state_factory())
-            tasklets = build_tasklets(self.dag, ctx)
-            initialized = []
-            try:
-                for t in tasklets:
-                    initialized.append(t)
-                    t.init()
-                if saved is not None:
-                    restore_state(tasklets, saved, desc)
-            except BaseException:
-                for t in initialized:
-                    try:
-                        t.close()
-                    except Exception:  # noqa: BLE001 - the first error is the one to report
-                        log.exception("closing %s after a failed start", t.name)
-                raise
+            tasklets, snapshot, desc = self._start_tasklets(restore)
+        except FallbackRefusedError as e:
+            # the user can act on it: resume, accepting duplicates
+            self.error = e
+            self.failure_text = f"{type(e).__name__}: {e}"
+            self._set_status(JobStatus.SUSPENDED)
+            raise
         except BaseException as e:
             self._finish(JobStatus.FAILED, e)
             raise
+        finally:
+            self._accept_fallback_once = False
         execution = Execution(self.name, tasklets, self._on_execution_end, snapshot)
         if snapshot is not None:
             snapshot.attach(tasklets)
@@ -180,13 +170,129 @@ class JobCoordinator:
             self.execution_count += 1
         self._set_status(JobStatus.RUNNING)
         log.info("job %s (%s) started: %d processors%s", self.name, self.job_id, len(tasklets),
-                 f", restored from {desc}" if saved is not None else "")
+                 f", restored from {desc}" if desc else "")
         self.member.execution_service.submit(execution)
         if snapshot is not None:
             self._snapshotter = threading.Thread(
                 target=self._snapshot_loop, args=(execution,), daemon=True,
                 name=f"jetwake-snapshots-{self.name}")
             self._snapshotter.start()
+
+    def _start_tasklets(self, restore: str) -> tuple[list, SnapshotContext | None, str]:
+        """Builds and initializes the processors and restores the newest good snapshot into
+        them; a snapshot found damaged on the way is skipped (see _check_fallback)."""
+        self.store.remove_staging(self.job_id)
+        damaged: list[str] = []
+        for rec, desc in self._restore_candidates(restore):
+            reader = self.store.reader(rec) if rec is not None else None
+            if reader is not None:
+                try:
+                    reader.verify()
+                except SnapshotDamagedError as e:
+                    damaged.append(self._skip_damaged(rec, e, restore))
+                    continue
+            restored_id = rec.snapshot_id if rec is not None and rec.name is None else -1
+            snapshot = SnapshotContext(
+                restored_id, self.store.staging_dir(self.job_id, self.execution_count)) \
+                if self.config.snapshots_enabled else None
+            tasklets = self._build_tasklets(snapshot)
+            try:
+                if damaged:
+                    self._check_fallback(tasklets, damaged, desc)
+                if reader is not None:
+                    restore_state(tasklets, reader, desc)
+            except SnapshotDamagedError as e:
+                self._close_all(tasklets)
+                damaged.append(self._skip_damaged(rec, e, restore))
+                continue
+            except BaseException:
+                self._close_all(tasklets)
+                raise
+            if rec is not None and rec.name is None:
+                self.last_snapshot = rec
+            return tasklets, snapshot, desc if rec is not None else ""
+        raise AssertionError("unreachable: the last candidate is a start without state")
+
+    def _restore_candidates(self, restore: str) -> list[tuple[CommitRecord | None, str]]:
+        """The snapshots to try, best first, ending with (None, "") (no state) where
+        starting without state is allowed."""
+        if restore == "initial" and self.config.initial_snapshot_name:
+            name = self.config.initial_snapshot_name
+            rec = self.store.get_export(name)
+            if rec is None:
+                raise SnapshotNotFoundError(
+                    f"no exported snapshot named '{name}' (JobConfig.initial_snapshot_name); "
+                    "list them with `jetwake list-snapshots` or member.snapshots()")
+            return [(rec, f"exported snapshot '{name}'")]
+        if restore != "latest" or not self.config.snapshots_enabled:
+            return [(None, "")]
+        out: list[tuple[CommitRecord | None, str]] = []
+        for rec in self.store.committed(self.job_id):
+            if rec.job_id != self.job_id:
+                raise SnapshotError(
+                    f"snapshot {rec.snapshot_id} in the directory of job {self.job_id} was "
+                    f"written by job {rec.job_id}; the data directory has been tampered with")
+            out.append((rec, f"snapshot {rec.snapshot_id}"))
+        out.append((None, ""))
+        return out
+
+    def _skip_damaged(self, rec: CommitRecord, error: Exception, restore: str) -> str:
+        if rec.name is not None:  # an export the user asked for: no silent fallback
+            raise SnapshotError(f"exported snapshot '{rec.name}' is damaged: {error}") from error
+        log.warning("job %s: snapshot %d is damaged (%s); falling back to the previous good "
+                    "snapshot", self.name, rec.snapshot_id, error)
+        self.member.emit_event(self, f"snapshot {rec.snapshot_id} is damaged: {error}")
+        return f"snapshot {rec.snapshot_id} ({error})"
+
+    def _check_fallback(self, tasklets: list, damaged: list[str], desc: str) -> None:
+        """Refuses to fall back past a damaged snapshot when that can duplicate output: under
+        exactly-once, a transactional sink may already have committed the damaged snapshot's
+        phase 2, and restoring an older one would write those records again."""
+        if self.config.processing_guarantee != "exactly_once" \
+                or self.config.accept_at_least_once_on_fallback:
+            return
+        sinks = sorted({t.context.vertex_name for t in tasklets
+                        if getattr(t.processor, "transactional_sink", False)})
+        if not sinks:
+            return
+        if self._accept_fallback_once:
+            log.warning("job %s: restoring %s past damaged snapshot(s) %s; the transactional "
+                        "sink(s) %s may write some records twice (accepted by the user)",
+                        self.name, desc or "no state", damaged, sinks)
+            return
+        instead = desc or "without any state"
+        raise FallbackRefusedError(
+            f"job '{self.name}': the newest snapshot is damaged ({'; '.join(damaged)}) and the "
+            f"transactional sink(s) {sinks} may already have committed its output, so starting "
+            f"from {instead} could write records twice, breaking exactly-once. The job is "
+            "suspended. To accept possible duplicates for this restore, resume it with "
+            "job.resume(accept_at_least_once_on_fallback=True); to accept them always, set "
+            "JobConfig(accept_at_least_once_on_fallback=True)")
+
+    def _build_tasklets(self, snapshot: SnapshotContext | None) -> list:
+        ctx = PlanContext(job_id=self.job_id, job_name=self.name,
+                          processing_guarantee=self.config.processing_guarantee,
+                          default_parallelism=self._default_parallelism(),
+                          member=self.member, snapshot=snapshot,
+                          state_factory=self._state_factory())
+        tasklets = build_tasklets(self.dag, ctx)
+        initialized = []
+        try:
+            for t in tasklets:
+                initialized.append(t)
+                t.init()
+        except BaseException:
+            self._close_all(initialized)
+            raise
+        return tasklets
+
+    @staticmethod
+    def _close_all(tasklets: list) -> None:
+        for t in tasklets:
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - the first error is the one to report
+                log.exception("closing %s after a failed start", t.name)
 
     def _state_factory(self):
         """Creates each processor's keyed state store, per JobConfig.state_backend."""
@@ -200,36 +306,6 @@ class JobCoordinator:
         def factory(vertex: str, index: int, name: str) -> RocksDBStateBackend:
             return RocksDBStateBackend(os.path.join(root, vertex, str(index), name), cache)
         return factory
-
-    def _load_state(self, restore: str) -> tuple[dict | None, int, str]:
-        if restore == "initial" and self.config.initial_snapshot_name:
-            name = self.config.initial_snapshot_name
-            rec = self.store.get_export(name)
-            if rec is None:
-                raise SnapshotNotFoundError(
-                    f"no exported snapshot named '{name}' (JobConfig.initial_snapshot_name); "
-                    "list them with member.snapshots()")
-            try:
-                saved = self.store.read(rec)
-            except SnapshotStoreError as e:
-                raise SnapshotError(f"exported snapshot '{name}' is damaged: {e}") from e
-            return saved, -1, f"exported snapshot '{name}'"
-        if restore != "latest" or not self.config.snapshots_enabled:
-            return None, -1, ""
-        for rec in self.store.committed(self.job_id):
-            if rec.job_id != self.job_id:
-                raise SnapshotError(
-                    f"snapshot {rec.snapshot_id} in the directory of job {self.job_id} was "
-                    f"written by job {rec.job_id}; the data directory has been tampered with")
-            try:
-                saved = self.store.read(rec)
-            except SnapshotDamagedError as e:
-                log.warning("job %s: snapshot %d is damaged (%s); falling back to the previous "
-                            "good snapshot", self.name, rec.snapshot_id, e)
-                continue
-            self.last_snapshot = rec
-            return saved, rec.snapshot_id, f"snapshot {rec.snapshot_id}"
-        return None, -1, ""
 
     # --- the end of an execution -------------------------------------------------------------
 
@@ -294,6 +370,9 @@ class JobCoordinator:
     # --- snapshots ---------------------------------------------------------------------------
 
     def _snapshot_loop(self, execution: Execution) -> None:
+        """Takes a snapshot every interval, measured from the end of the previous one. Nothing
+        ends this thread silently: a snapshot that could not be written is counted and retried
+        at the next interval; any other error restarts or fails the job."""
         interval = self.config.snapshot_interval_ms / 1000
         while True:
             if execution.finished.wait(interval):
@@ -304,57 +383,103 @@ class JobCoordinator:
                     return
             try:
                 self.take_snapshot()
+            except SnapshotWriteError:
+                continue  # counted and logged by take_snapshot; the job runs on
             except RestartableError as e:
                 execution.fail(execution.tasklets[0], e)
                 return
             except JobStateError:
                 return
+            except BaseException as e:  # noqa: BLE001 - must reach the job, not vanish
+                log.exception("job %s: the snapshot thread failed", self.name)
+                error = SnapshotError(f"job '{self.name}': taking a snapshot failed: {e!r}")
+                error.__cause__ = e
+                execution.fail(execution.tasklets[0], error)
+                return
 
     def take_snapshot(self, terminal: bool = False) -> CommitRecord:
-        """Runs both phases of one snapshot of the current execution."""
+        """Runs both phases of one snapshot of the current execution, in these steps:
+
+        1. Take a new snapshot id (never reused) and open the snapshot's writer.
+        2. Phase 1: every processor saves its state as the barrier passes (sources save their
+           position and emit the barrier; sinks prepare). Entries are serialized and written
+           as they are offered.
+        3. The commit point: sync the data and write the commit record.
+        4. Phase 2: every processor commits, or rolls back if step 2 or 3 failed.
+        5. Retention: older snapshots beyond the newest two are deleted.
+
+        Raises :class:`SnapshotWriteError` when the snapshot could not be written (a full disk,
+        say): that snapshot is rolled back and removed, the previous one stays valid, and the
+        job runs on. Raises :class:`RestartableError` when phase 1 or phase 2 did not complete
+        everywhere in time: the job must restart from its last committed snapshot (a committed
+        snapshot whose phase 2 did not finish is completed by the restore).
+        """
         with self._snapshot_lock:
             with self._lock:
                 execution, snap = self._execution, self._snapshot
                 if execution is None or snap is None or execution.finished.is_set():
                     raise JobStateError(f"job '{self.name}' has no running execution to "
                                         "snapshot")
-            sid = self.store.next_snapshot_id(self.job_id)
+            cancelled = lambda: execution.cancelled  # noqa: E731
+            # 1.
+            try:
+                sid = self.store.next_snapshot_id(self.job_id)
+            except OSError as e:
+                raise self._snapshot_write_failed(None, e) from e
             writer = self.store.writer(self.job_id, self.name, sid, terminal)
+            # 2.
             snap.request(sid, writer, terminal)
             crash_point("snapshot-phase1")
-            cancelled = lambda: execution.cancelled  # noqa: E731
-            ok = snap.wait_phase1(sid, PHASE_TIMEOUT_S, cancelled)
-            rec = None
-            if ok:
+            phase1_ok = snap.wait_phase1(sid, PHASE_TIMEOUT_S, cancelled)
+            # 3.
+            rec = write_error = None
+            if phase1_ok:
                 try:
-                    rec = writer.commit()  # the commit point
-                except SerializationError as e:
-                    # the job's state cannot be saved: restarting would not help
-                    snap.start_phase2(sid, False)
-                    execution.fail(execution.tasklets[0], SnapshotError(
-                        f"snapshot {sid} of job '{self.name}': state cannot be serialized: {e}"))
-                    raise JobStateError(str(e)) from e
+                    rec = writer.commit()
                 except OSError as e:
-                    log.error("job %s: writing snapshot %d failed: %r", self.name, sid, e)
-                    ok = False
-            if ok:
+                    write_error = e
+            if rec is None:
+                writer.abort()
+            else:
                 crash_point("after-commit-record")
-            snap.start_phase2(sid, ok)
-            snap.wait_phase2(sid, PHASE_TIMEOUT_S, cancelled)
-            if ok:
+            # 4.
+            snap.start_phase2(sid, rec is not None)
+            phase2_ok = snap.wait_phase2(sid, PHASE_TIMEOUT_S, cancelled)
+            if rec is not None:
                 crash_point("after-phase2")
-            if not ok or rec is None:
+            if write_error is not None:
+                raise self._snapshot_write_failed(sid, write_error) from write_error
+            if rec is None:
                 if execution.cancelled:
                     raise JobStateError(f"job '{self.name}' stopped during snapshot {sid}")
                 raise RestartableError(f"snapshot {sid} of job '{self.name}' did not complete "
-                                       "phase 1")
+                                       f"phase 1 within {PHASE_TIMEOUT_S:.0f} s")
             self.last_snapshot = rec
             self.snapshot_count += 1
+            self.last_snapshot_error = None
+            if not phase2_ok:
+                if execution.cancelled:
+                    raise JobStateError(f"job '{self.name}' stopped during phase 2 of snapshot "
+                                        f"{sid}")
+                raise RestartableError(
+                    f"snapshot {sid} of job '{self.name}' is committed but its phase 2 did not "
+                    f"complete within {PHASE_TIMEOUT_S:.0f} s; restarting from it completes it")
+            # 5.
             self.store.prune(self.job_id)
             self.member.emit_event(
                 self, f"snapshot {sid} taken in {rec.duration_ms:.0f} ms, "
                       f"{rec.entry_count} entries, {rec.size_bytes} bytes")
             return rec
+
+    def _snapshot_write_failed(self, sid: int | None, error: OSError) -> SnapshotWriteError:
+        which = f"snapshot {sid}" if sid is not None else "a snapshot"
+        text = (f"writing {which} of job '{self.name}' failed: {error}; the previous snapshot "
+                "stays valid, the job runs on and tries again at the next interval")
+        self.snapshot_failures += 1
+        self.last_snapshot_error = text
+        log.error("job %s: %s", self.name, text)
+        self.member.emit_event(self, f"snapshot failed: {error}")
+        return SnapshotWriteError(text)
 
     # --- operations --------------------------------------------------------------------------
 
@@ -388,9 +513,12 @@ class JobCoordinator:
             self.take_snapshot(terminal=True)
         self._stop_execution(_STOP_SUSPEND)
 
-    def resume(self) -> None:
+    def resume(self, accept_at_least_once_on_fallback: bool = False) -> None:
+        """Starts a suspended job from its last good snapshot; see
+        JobConfig.accept_at_least_once_on_fallback for the flag."""
         self.require(JobStatus.SUSPENDED, "resume")
         self.error = None
+        self._accept_fallback_once = bool(accept_at_least_once_on_fallback)
         self.start(restore="latest", persist_definition=False)
 
     def restart(self) -> None:

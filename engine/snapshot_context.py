@@ -6,14 +6,24 @@ exactly-once) and sinks prepare; each tasklet reports ``phase1_done``. When ever
 has, the coordinator writes the commit record (the commit point) and starts phase 2
 (``start_phase2``); each tasklet commits (or rolls back) and reports ``phase2_done``.
 
-A tasklet that completes saves its final state once (``store_final``); that state is part of
-every later snapshot, so a finished source is not replayed after a restore.
+What a processor saves is serialized the moment it is offered (``store``, on the processor's
+thread), so the snapshot is a true cut even when the processor changes its state in place right
+after.
+
+A tasklet that completes saves its final state once (``store_final``); that state is encoded
+at once and written into every later snapshot, so a finished source is not replayed after a
+restore.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from .errors import SnapshotError
+from .serialization import SerializationError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..snapshot.store import SnapshotWriter
@@ -23,18 +33,23 @@ __all__ = ["SnapshotContext"]
 
 
 class SnapshotContext:
-    def __init__(self, restored_snapshot_id: int = -1) -> None:
+    """``staging_dir``: where files of finished processors' final state wait to be linked into
+    each later snapshot (None without a data directory)."""
+
+    def __init__(self, restored_snapshot_id: int = -1, staging_dir: str | None = None) -> None:
         self.restored_snapshot_id = restored_snapshot_id
         self.requested_id = restored_snapshot_id
         self.is_terminal = False
         self.phase2_id = restored_snapshot_id
         self.phase2_success = True
+        self.staging_dir = staging_dir
         self._writer: "SnapshotWriter | None" = None
         self._tasklets: list["ProcessorTasklet"] = []
         self._phase1: set[int] = set()
         self._phase2: set[int] = set()
         self._ended: set[int] = set()
-        self._final: dict[tuple[str, int], list[tuple[Any, Any]]] = {}
+        # (vertex, processor) -> encoded frames of final state: (frame, count, attachments)
+        self._final: dict[tuple[str, int], list[tuple[bytes, int, list]]] = {}
         self._cond = threading.Condition()
         self._in_progress = False
         self.error: BaseException | None = None
@@ -49,31 +64,37 @@ class SnapshotContext:
             self._writer = writer
             self._phase1 = set()
             self.is_terminal = terminal
-            for (vertex, proc), entries in self._final.items():
-                writer.add(vertex, proc, entries)
+            for (vertex, proc), frames in self._final.items():
+                for frame, count, attachments in frames:
+                    writer.add_encoded(vertex, proc, frame, count, attachments)
             self._in_progress = True
             self.requested_id = snapshot_id  # last: tasklets start on seeing it
 
-    def wait_phase1(self, snapshot_id: int, timeout: float, cancelled) -> bool:
+    def wait_phase1(self, snapshot_id: int, timeout: float,
+                    cancelled: Callable[[], bool]) -> bool:
         """True when every live tasklet finished phase 1; False on timeout or cancellation."""
         return self._wait(lambda: self._all(self._phase1), timeout, cancelled)
 
     def start_phase2(self, snapshot_id: int, success: bool) -> None:
         with self._cond:
             self._in_progress = False
+            self._writer = None
             self._phase2 = set()
             self.phase2_success = success
             self.phase2_id = snapshot_id
 
-    def wait_phase2(self, snapshot_id: int, timeout: float, cancelled) -> bool:
+    def wait_phase2(self, snapshot_id: int, timeout: float,
+                    cancelled: Callable[[], bool]) -> bool:
+        """True when every live tasklet finished phase 2; False on timeout or cancellation."""
         return self._wait(lambda: self._all(self._phase2), timeout, cancelled)
 
     def _all(self, done: set[int]) -> bool:
         return all(id(t) in done or id(t) in self._ended for t in self._tasklets)
 
-    def _wait(self, predicate, timeout: float, cancelled) -> bool:
+    def _wait(self, predicate: Callable[[], bool], timeout: float,
+              cancelled: Callable[[], bool]) -> bool:
         with self._cond:
-            end = _now() + timeout
+            end = time.monotonic() + timeout
             while True:
                 # a cancelled execution cannot complete a snapshot, even if all its tasklets
                 # have ended: their state was never saved
@@ -81,7 +102,7 @@ class SnapshotContext:
                     return False
                 if predicate():
                     return True
-                remaining = end - _now()
+                remaining = end - time.monotonic()
                 if remaining <= 0:
                     return False
                 self._cond.wait(min(remaining, 0.05))
@@ -90,18 +111,53 @@ class SnapshotContext:
 
     def store(self, tasklet: "ProcessorTasklet", snapshot_id: int,
               entries: list[tuple[Any, Any]]) -> None:
+        """Serializes ``entries`` into snapshot ``snapshot_id`` now; raises SnapshotError when
+        the state cannot be serialized (restarting would not help)."""
         writer = self._writer
-        if writer is not None and snapshot_id == self.requested_id:
+        if writer is None or snapshot_id != self.requested_id:
+            return
+        try:
             writer.add(tasklet.context.vertex_name, tasklet.context.global_processor_index,
                        entries)
+        except SerializationError as e:
+            raise SnapshotError(f"snapshot {snapshot_id}: the state of {tasklet.name} cannot be "
+                                f"serialized: {e}") from e
 
     def store_final(self, tasklet: "ProcessorTasklet", entries: list[tuple[Any, Any]]) -> None:
+        key = (tasklet.context.vertex_name, tasklet.context.global_processor_index)
+        try:
+            encoded = self._encode_final(key, entries)
+        except SerializationError as e:
+            raise SnapshotError(f"the final state of {tasklet.name} cannot be serialized: "
+                                f"{e}") from e
         with self._cond:
-            key = (tasklet.context.vertex_name, tasklet.context.global_processor_index)
-            self._final.setdefault(key, []).extend(entries)
+            self._final.setdefault(key, []).append(encoded)
             if self._in_progress and id(tasklet) not in self._phase1 and self._writer:
                 # completed before its barrier: its final state belongs to this snapshot too
-                self._writer.add(key[0], key[1], entries)
+                self._writer.add_encoded(key[0], key[1], *encoded)
+
+    def _encode_final(self, key: tuple[str, int], entries: list[tuple[Any, Any]]
+                      ) -> tuple[bytes, int, list[tuple[str, str]]]:
+        from ..snapshot.store import _FilesRef, _safe, encode_frame
+        values = [e[1] for e in entries]
+        attachments: list[tuple[str, str]] = []
+        files_type = _files_type()
+        if any(type(v) is files_type for v in values):
+            from ..snapshot.snapshot_files import save_files
+            if self.staging_dir is None:
+                raise SnapshotError(f"{key[0]}#{key[1]} saves files in its snapshot state, "
+                                    "which needs a member with a data directory")
+            out = []
+            for v in values:
+                if type(v) is files_type:
+                    rel = os.path.join(_safe(key[0]), f"{key[1]}.final",
+                                       str(len(self._final.get(key, ())) + len(attachments)))
+                    src = os.path.join(self.staging_dir, rel)
+                    v = _FilesRef(rel, save_files(v, src))
+                    attachments.append((rel, src))
+                out.append(v)
+            values = out
+        return encode_frame([e[0] for e in entries], values), len(entries), attachments
 
     def phase1_done(self, tasklet: "ProcessorTasklet", snapshot_id: int) -> None:
         with self._cond:
@@ -124,6 +180,12 @@ class SnapshotContext:
             self._cond.notify_all()
 
 
-def _now() -> float:
-    import time
-    return time.monotonic()
+def _files_type() -> type:
+    global _FILES_TYPE
+    if _FILES_TYPE is None:
+        from ..snapshot.snapshot_files import SnapshotFiles
+        _FILES_TYPE = SnapshotFiles
+    return _FILES_TYPE
+
+
+_FILES_TYPE: type | None = None

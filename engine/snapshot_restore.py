@@ -7,48 +7,54 @@ to vertices by name, so a changed pipeline restores if its stateful stages keep 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import SnapshotError
 from .execution.tasklet import ProcessorTasklet
 from .partitioning import partition_of, processor_partition_table
 from .processor import BroadcastKey, Inbox
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..snapshot.store import SnapshotReader
+
 __all__ = ["restore_state"]
 
 
-def restore_state(tasklets: list[ProcessorTasklet], saved: dict[str, list[tuple[Any, Any]]],
+def restore_state(tasklets: list[ProcessorTasklet], reader: "SnapshotReader",
                   snapshot_desc: str) -> None:
-    """Feeds ``saved`` entries to the processors' restore hooks; raises SnapshotError on a
-    mismatch between the snapshot and the job."""
+    """Streams the saved entries of ``reader``'s snapshot, chunk by chunk, to the processors'
+    restore hooks; raises SnapshotError on a mismatch between the snapshot and the job and
+    SnapshotDamagedError when saved data does not decode."""
     by_vertex: dict[str, list[ProcessorTasklet]] = {}
     for t in tasklets:
         by_vertex.setdefault(t.context.vertex_name, []).append(t)
-    unknown = sorted(v for v, entries in saved.items() if entries and v not in by_vertex)
+    files = reader.record.files
+    unknown = sorted(v for v, procs in files.items()
+                     if any(f[0] for f in procs.values()) and v not in by_vertex)
     if unknown:
         raise SnapshotError(
             f"{snapshot_desc} holds state of stage(s) {unknown} that this job does not have "
             f"(its stages: {sorted(by_vertex)}). Keep the names of stateful stages when "
             "changing a job (Stage.set_name), or start it without that snapshot")
     for vertex, procs in by_vertex.items():
-        entries = saved.get(vertex)
-        if not entries:
+        if vertex not in files:
             continue
         procs.sort(key=lambda t: t.context.global_processor_index)
         ctx = procs[0].context
         table = processor_partition_table(ctx.member_count, ctx.local_parallelism)
         first = ctx.member_index * ctx.local_parallelism
-        routed: list[list] = [[] for _ in procs]
-        for key, value in entries:
-            if type(key) is BroadcastKey:
-                for r in routed:
-                    r.append((key, value))
-            else:
-                owner = table[partition_of(key)] - first
-                if 0 <= owner < len(procs):
-                    routed[owner].append((key, value))
-        for t, mine in zip(procs, routed):
-            _restore_one(t, mine)
+        for keys, values in reader.chunks(vertex):
+            routed: list[list] = [[] for _ in procs]
+            for key, value in zip(keys, values):
+                if type(key) is BroadcastKey:
+                    for r in routed:
+                        r.append((key, value))
+                else:
+                    owner = table[partition_of(key)] - first
+                    if 0 <= owner < len(procs):
+                        routed[owner].append((key, value))
+            for t, mine in zip(procs, routed):
+                _restore_one(t, mine)
     for t in tasklets:
         for _ in range(1_000_000):
             if t.processor.finish_snapshot_restore():

@@ -13,7 +13,8 @@ from .engine.client import (
 from .engine.abstract_processor import AbstractProcessor, FlatMapper
 from .engine.dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
 from .engine.errors import (
-    JetwakeError, JobCancelledError, JobNotFoundError, JobStateError, SnapshotNotFoundError,
+    FallbackRefusedError, JetwakeError, JobCancelledError, JobNotFoundError, JobStateError,
+    RestartableError, SnapshotError, SnapshotNotFoundError,
 )
 from .engine.items import Watermark
 from .engine.job import Job
@@ -46,5 +47,5 @@ __all__ = [
     "register_type", "TestSources", "WindowDefinition", "WindowResult", "KeyedWindowResult",
     "WindowedStage", "WindowedGroupedStage", "WatermarkPolicy", "TimestampError",
     "Client", "RemoteJob", "RemoteMap", "RemoteList", "MemberUnreachableError",
-    "AuthenticationError",
+    "AuthenticationError", "SnapshotError", "RestartableError", "FallbackRefusedError",
 ]

@@ -70,7 +70,8 @@ class InboundEdgeStream:
                         break
                 elif type(entry) is SnapshotBarrier:
                     self._barrier[i] = entry.snapshot_id
-                    if self._align:
+                    # a terminal barrier is always aligned: nothing after it may be processed
+                    if self._align or entry.is_terminal:
                         self._blocked[i] = True
                         break
                 else:

@@ -1,13 +1,15 @@
-"""ProcessorTasklet: drives one processor cooperatively (seed 000 "ProcessorTasklet").
+"""ProcessorTasklet: drives one processor cooperatively.
 
 Each ``call()`` does a bounded slice of work and reports NO_PROGRESS, MADE_PROGRESS or DONE:
 it moves the outbox into downstream queues, lets the processor handle its inbox, delivers
 coalesced watermarks, takes part in snapshots, drains input queues (lower priority numbers
-first), and at the end completes the processor and sends DONE downstream.
+first), and at the end completes the processor and sends DONE downstream. Where it is in that
+life is a :class:`ProcessorState`.
 """
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import TYPE_CHECKING
 
 from ..items import DONE, SnapshotBarrier, Watermark
@@ -19,11 +21,47 @@ from .watermark_coalescer import WatermarkCoalescer
 if TYPE_CHECKING:  # pragma: no cover
     from ..snapshot_context import SnapshotContext
 
-__all__ = ["ProcessorTasklet", "NO_PROGRESS", "MADE_PROGRESS", "DONE_STATE"]
+__all__ = ["ProcessorTasklet", "ProcessorState", "NO_PROGRESS", "MADE_PROGRESS", "DONE_STATE"]
 
 NO_PROGRESS, MADE_PROGRESS, DONE_STATE = 0, 1, 2
 
-_PROCESS, _SAVE_SNAPSHOT, _COMPLETE, _SAVE_FINAL, _EMIT_DONE, _END = range(6)
+
+class ProcessorState(IntEnum):
+    """Where a processor is in its life; the tasklet moves it forward, never back (except out
+    of TERMINATED when a terminal snapshot fails)."""
+
+    PROCESS = 0
+    """Draining inputs into ``process()``, delivering watermarks and completed edges."""
+    SAVE_SNAPSHOT = 1
+    """Every input delivered the barrier (or this is a source): ``save_to_snapshot()`` until
+    True, then ``snapshot_commit_prepare()`` until True, then the barrier goes downstream."""
+    COMPLETE = 2
+    """Every input has ended (or this is a source): ``complete()`` until True."""
+    WAITING_FOR_SNAPSHOT_COMPLETED = 3
+    """``complete()`` returned True, but this processor did phase 1 of a snapshot whose phase 2
+    has not reached it yet: it waits for that phase 2 before it saves its final state and ends,
+    so that a two-phase sink commits (or rolls back) that snapshot's part before the job can
+    complete. (A two-phase sink's ``complete()`` itself never commits what a snapshot has
+    prepared; it returns False until that snapshot's phase 2.)"""
+    SAVE_FINAL = 4
+    """Completed: its final state is saved once and becomes part of every later snapshot."""
+    EMIT_DONE = 5
+    """Sends DONE downstream."""
+    END = 6
+    """Waits until DONE and everything before it left the outbox, then closes."""
+    TERMINATED = 7
+    """Phase 1 of a terminal snapshot (suspend, graceful shutdown, cancel-and-export) is done:
+    nothing more is processed or emitted; only phase 2 runs. The execution is then stopped."""
+
+
+_PROCESS = ProcessorState.PROCESS
+_SAVE_SNAPSHOT = ProcessorState.SAVE_SNAPSHOT
+_COMPLETE = ProcessorState.COMPLETE
+_WAIT_SNAPSHOT = ProcessorState.WAITING_FOR_SNAPSHOT_COMPLETED
+_SAVE_FINAL = ProcessorState.SAVE_FINAL
+_EMIT_DONE = ProcessorState.EMIT_DONE
+_END = ProcessorState.END
+_TERMINATED = ProcessorState.TERMINATED
 
 DRAIN_LIMIT = 8192  # items moved into the inbox per call: bounds a call to about a millisecond
 
@@ -80,8 +118,12 @@ class ProcessorTasklet:
             progress = self._complete()
         elif state == _SAVE_SNAPSHOT:
             progress = self._save_snapshot()
+        elif state == _WAIT_SNAPSHOT:
+            progress = self._wait_snapshot_completed()
         elif state == _SAVE_FINAL:
             progress = self._save_final()
+        elif state == _TERMINATED:
+            progress = False
         elif state == _EMIT_DONE:
             self.outbox.offer_control(DONE)
             self._state = _END
@@ -177,9 +219,16 @@ class ProcessorTasklet:
             self._state = _SAVE_SNAPSHOT
             return True
         if self.processor.complete():
-            self._state = _EMIT_DONE if snap is None else _SAVE_FINAL
+            self._state = _EMIT_DONE if snap is None else _WAIT_SNAPSHOT
             return True
         return False
+
+    def _wait_snapshot_completed(self) -> bool:
+        # phase 2 arrives through _do_phase2 at the start of every call
+        if self._last_phase2_id < self._last_snapshot_id:
+            return False
+        self._state = _SAVE_FINAL
+        return True
 
     def _save_final(self) -> bool:
         done = self.processor.save_to_snapshot()
@@ -209,16 +258,22 @@ class ProcessorTasklet:
             for stream in group:
                 stream.unblock()
         snap.phase1_done(self, sid)  # type: ignore[union-attr]
-        self._state = _PROCESS if self._groups else _COMPLETE
+        self._state = _TERMINATED if barrier.is_terminal else self._resume_state()
         return True
+
+    def _resume_state(self) -> ProcessorState:
+        return _PROCESS if self._groups else _COMPLETE
 
     def _do_phase2(self) -> None:
         snap = self.snapshot
         sid = snap.phase2_id  # type: ignore[union-attr]
         if sid > self._last_snapshot_id:
             return  # this processor has not done phase 1 of that snapshot
-        if self.processor.snapshot_commit_finish(snap.phase2_success):  # type: ignore[union-attr]
+        success = snap.phase2_success  # type: ignore[union-attr]
+        if self.processor.snapshot_commit_finish(success):
             self._last_phase2_id = sid
+            if self._state == _TERMINATED and not success:
+                self._state = self._resume_state()  # the terminal snapshot failed: run on
             snap.phase2_done(self, sid)  # type: ignore[union-attr]
 
     # --- outbox to queues -------------------------------------------------------------------
@@ -261,6 +316,10 @@ class ProcessorTasklet:
                 for q in stream.queues:
                     fill = max(fill, len(q) / q.capacity)
         return fill
+
+    @property
+    def state(self) -> ProcessorState:
+        return ProcessorState(self._state)
 
     @property
     def is_done(self) -> bool:
