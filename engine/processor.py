@@ -92,12 +92,17 @@ class Outbox:
     ``offer`` refuses (returns False) when the bucket is full. ``offer_chunk`` accepts a whole
     list when the bucket has room at all, so a bucket may exceed its capacity by one chunk, the
     way a Jet packet may exceed its size limit by one item. Ordinal ``-1`` means every ordinal.
+    ``snapshot_capacity`` bounds the snapshot buffer the same way (default: ``capacity``).
+
+    Code that drives a processor without an engine (tests, see docs/testing.md) reads what it
+    emitted with :meth:`drain` and what it saved with :meth:`drain_snapshot`.
     """
 
     __slots__ = ("_entries", "_open", "_counts", "capacity", "ordinal_count", "_snapshot",
                  "_snapshot_capacity", "added")
 
-    def __init__(self, ordinal_count: int, capacity: int = 4096) -> None:
+    def __init__(self, ordinal_count: int, capacity: int = 4096,
+                 snapshot_capacity: int | None = None) -> None:
         self.ordinal_count = ordinal_count
         self.capacity = capacity
         # each bucket holds data chunks (lists) and control items in emission order
@@ -105,7 +110,7 @@ class Outbox:
         self._open: list[list | None] = [None] * ordinal_count
         self._counts = [0] * ordinal_count
         self._snapshot: list[tuple[Any, Any]] = []
-        self._snapshot_capacity = capacity
+        self._snapshot_capacity = capacity if snapshot_capacity is None else snapshot_capacity
         self.added = 0  # offers accepted so far; the engine reads it to detect progress
 
     def has_room(self, ordinal: int = -1) -> bool:
@@ -193,6 +198,23 @@ class Outbox:
 
     def is_empty(self) -> bool:
         return not any(self._entries) and not self._snapshot
+
+    def drain(self, ordinal: int = 0) -> list:
+        """Removes and returns what ``ordinal``'s bucket holds, as the engine would take it:
+        data items and control items (watermarks, barriers) in one list, in emission order.
+        For code that runs a processor without an engine, such as tests."""
+        out: list = []
+        for entry in self._take(ordinal):
+            if type(entry) is list:
+                out.extend(entry)
+            else:
+                out.append(entry)
+        return out
+
+    def drain_snapshot(self) -> list[tuple[Any, Any]]:
+        """Removes and returns the (key, value) entries offered to the snapshot so far, which
+        frees the snapshot buffer. For code that runs a processor without an engine."""
+        return self._take_snapshot()
 
     # used by the engine
     def _take(self, ordinal: int) -> list:
