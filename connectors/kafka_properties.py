@@ -7,6 +7,7 @@ docs/kafka.md) and are removed before the dict reaches librdkafka.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 __all__ = ["check_common", "source_properties", "sink_properties", "split_options",
@@ -25,9 +26,11 @@ SINK_OPTIONS = {
     "jetwake.startup.timeout.ms": 60_000,
     "jetwake.commit.retry.timeout.ms": 120_000,  # a phase-2 commit retries this long
     "jetwake.fence.parallelism": 0,             # fence transactional ids up to this index
+    "jetwake.markers.topic": "__jetwake_sink_markers",  # exactly-once markers (compacted)
 }
 
 _TRUE = ("true", "1", "yes")
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 class KafkaConfigError(ValueError):
@@ -65,6 +68,12 @@ def split_options(props: dict, defaults: dict, where: str) -> tuple[dict, dict]:
             if k not in defaults:
                 raise KafkaConfigError(
                     f"{where}: unknown connector option {k!r}; known: {sorted(defaults)}")
+            if isinstance(defaults[k], str):
+                if not isinstance(v, str) or not _TOPIC_NAME.fullmatch(v):
+                    raise KafkaConfigError(f"{where}: {k} must be a topic name (letters, "
+                                           f"digits, '.', '_', '-'), got {v!r}")
+                opts[k] = v
+                continue
             try:
                 opts[k] = int(v)
             except (TypeError, ValueError):

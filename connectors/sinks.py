@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from ..engine.meta_supplier import ProcessorMetaSupplier
+from ..engine.meta_supplier import ProcessorMetaSupplier, ProcessorSupplier, SupplierContext
 from ..engine.pipeline.connector import Sink
+from ..engine.processor import Processor
 from .files import FileSinkProcessor
-from .lists import ListSinkProcessor
+from .lists import ExactlyOnceListSinkProcessor, ListSinkProcessor
 from .logger import LoggerSinkProcessor
 from .maps import MapSinkProcessor
 from .noop import NoopSinkProcessor
@@ -30,6 +31,24 @@ def _check_fn(fn: Any, where: str) -> None:
 def _key(entry: Any) -> Any:
     """The key of a (key, value) entry; a malformed entry is reported by the sink itself."""
     return entry[0] if type(entry) is tuple and len(entry) == 2 else None
+
+
+class _ByGuarantee(ProcessorSupplier):
+    """Creates a sink's processors once the job's processing guarantee is known: a sink that
+    writes exactly once under exactly-once is another processor class (a transactional sink)
+    than the one that writes as items arrive."""
+
+    def __init__(self, choose: Callable[[SupplierContext], Callable[[], Processor]]) -> None:
+        self.choose = choose
+        self.factory: Callable[[], Processor] | None = None
+
+    def init(self, context: SupplierContext) -> None:
+        self.factory = self.choose(context)
+
+    def get(self, count: int) -> list[Processor]:
+        if self.factory is None:
+            raise RuntimeError("the sink's supplier was not initialized (init before get)")
+        return [self.factory() for _ in range(count)]
 
 
 class Sinks:
@@ -72,10 +91,18 @@ class Sinks:
 
     @staticmethod
     def list(name: str) -> Sink:
-        """Appends every item to the member's list ``name``, in arrival order."""
+        """Appends every item to the member's list ``name``, in arrival order.
+
+        Under exactly-once the items are appended at each snapshot's phase 2 (they appear
+        once, a snapshot interval late); otherwise as they arrive.
+        """
         _check_name(name, "Sinks.list()")
-        return Sink(f"list-sink-{name}",
-                    ProcessorMetaSupplier.of(lambda: ListSinkProcessor(name), 1))
+
+        def choose(ctx: SupplierContext) -> Callable[[], Processor]:
+            if ctx.processing_guarantee == "exactly_once":
+                return lambda: ExactlyOnceListSinkProcessor(name)
+            return lambda: ListSinkProcessor(name)
+        return Sink(f"list-sink-{name}", ProcessorMetaSupplier.of(_ByGuarantee(choose), 1))
 
     @staticmethod
     def files(directory: str, encoding: str = "utf-8") -> Sink:
@@ -106,11 +133,14 @@ class Sinks:
         other item as a value without key. Serializers: None (bytes or str), "str", "json",
         "msgpack" or a callable. ``exactly_once``: None follows the job's processing
         guarantee (transactions under exactly_once); False forces at-least-once (an
-        idempotent producer flushed at every snapshot). See docs/kafka.md.
+        idempotent producer flushed at every snapshot); True requires a job with
+        processing_guarantee="exactly_once" and fails the job's start otherwise. See
+        docs/kafka.md.
         """
-        from .kafka_properties import sink_properties
+        from .kafka_properties import KafkaConfigError, sink_properties
         from .kafka_serde import make_serializer
-        from .kafka_sink import KafkaSinkProcessor
+        from .kafka_sink import KafkaRecordFormat, KafkaSinkProcessor
+        from .kafka_sink_exactly_once import KafkaExactlyOnceSinkProcessor
 
         where = "Sinks.kafka()"
         _check_name(topic, where)
@@ -122,6 +152,19 @@ class Sinks:
         if exactly_once not in (None, True, False):
             raise TypeError(f"{where}: exactly_once must be None, True or False, got "
                             f"{exactly_once!r}")
-        return Sink(f"kafka-sink-{topic}", ProcessorMetaSupplier.of(
-            lambda: KafkaSinkProcessor(topic, props, opts, key_fn, value_fn, ks, vs,
-                                       exactly_once)))
+        fmt = KafkaRecordFormat(topic, props, opts, key_fn, value_fn, ks, vs)
+
+        def choose(ctx: SupplierContext) -> Callable[[], Processor]:
+            transactional = ctx.processing_guarantee == "exactly_once"
+            if exactly_once and not transactional:
+                raise KafkaConfigError(
+                    f"{where}: Sinks.kafka({topic!r}, exactly_once=True) needs a job with "
+                    f"exactly-once snapshots, but job '{ctx.job_name}' runs with "
+                    f"processing_guarantee='{ctx.processing_guarantee}'. Submit it with "
+                    "JobConfig(processing_guarantee='exactly_once'), or pass "
+                    "exactly_once=None (follow the job's guarantee) or exactly_once=False "
+                    "(write at-least-once)")
+            if transactional and exactly_once is not False:
+                return lambda: KafkaExactlyOnceSinkProcessor(fmt)
+            return lambda: KafkaSinkProcessor(fmt)
+        return Sink(f"kafka-sink-{topic}", ProcessorMetaSupplier.of(_ByGuarantee(choose)))

@@ -30,32 +30,38 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def build(bootstrap: str, in_topic: str, out_topic: str, die_in_phase2: int,
           exactly_once: bool | None, marker: str = ""):
     from jetwake import AggregateOperations, Pipeline, Sinks, Sources
-    from jetwake.connectors.kafka_sink import KafkaSinkProcessor
+    from jetwake.connectors.kafka_sink_exactly_once import KafkaExactlyOnceSinkProcessor
 
     props = {"bootstrap.servers": bootstrap}
     sink = Sinks.kafka(out_topic, props, key_fn=lambda kv: kv[0],
                        value_fn=lambda kv: str(kv[1]), key_serializer="str",
                        value_serializer="str", exactly_once=exactly_once)
     if die_in_phase2:
-        class DyingSink(KafkaSinkProcessor):
+        class DyingSink(KafkaExactlyOnceSinkProcessor):
             phase2_calls = 0
 
             def snapshot_commit_finish(self, success: bool) -> bool:
-                if self.transactional and self.prepared.get(
-                        self.context.snapshot.phase2_id):
+                if self.context.snapshot.phase2_id in self.prepared_snapshot_ids():
                     DyingSink.phase2_calls += 1
                     if DyingSink.phase2_calls >= die_in_phase2 and not os.path.exists(marker):
                         open(marker, "w").close()  # once: the restarted job must not die
                         os.kill(os.getpid(), signal.SIGKILL)
                 return super().snapshot_commit_finish(success)
 
-        inner = sink.meta_supplier.supplier.factory
+        # the sink's supplier picks the processor class when the job starts: swap it after
+        supplier = sink.meta_supplier.supplier
+        inner_choose = supplier.choose
 
-        def factory():
-            p = inner()
-            p.__class__ = DyingSink
-            return p
-        sink.meta_supplier.supplier.factory = factory
+        def choose(ctx):
+            factory = inner_choose(ctx)
+
+            def make():
+                proc = factory()
+                if type(proc) is KafkaExactlyOnceSinkProcessor:
+                    proc.__class__ = DyingSink
+                return proc
+            return make
+        supplier.choose = choose
 
     p = Pipeline()
     (p.read_from(Sources.kafka(in_topic, props, key_deserializer="str",
