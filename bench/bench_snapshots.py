@@ -1,5 +1,10 @@
 """Snapshots: their time and size for 1 million keys of state, what they cost a keyed rolling
-aggregate, and how long a crashed member's data directory takes to process again."""
+aggregate, and how long a crashed member's data directory takes to process again.
+
+With RocksDB state, snapshots as checkpoint files (hard links to SST files) are measured beside
+the full copy (every entry read back and serialized) in the same run: the first snapshot of 1
+million keys, a second one after 1% of the keys changed, and the restore of the second.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +24,12 @@ from jetwake import (
     ProcessorMetaSupplier, Sinks, Source,
 )
 
+from jetwake.snapshot.state_backend import RocksDBStateBackend
+
 from .report import figure, line, timer
 
 STATE_KEYS = 1_000_000
+CHANGED_KEYS = STATE_KEYS // 100
 THROUGHPUT_ITEMS = 2_000_000
 THROUGHPUT_KEYS = 10_000
 
@@ -53,6 +61,31 @@ class RangeSource(Processor):
 def range_source(n: int, then_idle: bool) -> Source:
     return Source("range", ProcessorMetaSupplier.of(lambda: RangeSource(n, then_idle), 1),
                   is_stream=True)
+
+
+class SteeredSource(RangeSource):
+    """Emits 0, 1, 2, ... up to ``target[0]``, which the benchmark raises while the job runs;
+    never completes."""
+
+    def __init__(self, target: list[int]) -> None:
+        super().__init__(0, True)
+        self.target = target
+
+    def complete(self) -> bool:
+        self.n = self.target[0]
+        return super().complete()
+
+
+def steered_pipeline(target: list[int]) -> Pipeline:
+    """A rolling count per ``x % STATE_KEYS``: items beyond STATE_KEYS change existing keys."""
+    p = Pipeline()
+    (p.read_from(Source("range", ProcessorMetaSupplier.of(lambda: SteeredSource(target), 1),
+                        is_stream=True))
+      .group_by(lambda x: x % STATE_KEYS)
+      .rolling_aggregate(AggregateOperations.counting())
+      .set_name("rolling")
+      .write_to(Sinks.noop()))
+    return p
 
 
 def rolling_pipeline(n: int, keys: int, then_idle: bool) -> Pipeline:
@@ -150,9 +183,69 @@ def recovery_time() -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def _inodes(directory: str) -> dict[int, int]:
+    """inode -> size of every file under ``directory``."""
+    out = {}
+    for root, _, files in os.walk(directory):
+        for f in files:
+            st = os.stat(os.path.join(root, f))
+            out[st.st_ino] = st.st_size
+    return out
+
+
+def rocksdb_snapshots(as_files: bool) -> dict[str, float]:
+    """First snapshot of STATE_KEYS keys, a second after 1% of them changed, and the restore
+    of the second (``Job.restart``), with RocksDB state saved as files or entry by entry."""
+    RocksDBStateBackend.snapshot_as_files = as_files
+    data_dir = tempfile.mkdtemp(prefix="jetwake-bench-")
+    target = [STATE_KEYS]
+    try:
+        with Member(data_dir) as m:
+            job = m.new_job(steered_pipeline(target), JobConfig(
+                name="state", processing_guarantee="exactly_once",
+                snapshot_interval_ms=3_600_000, state_backend="rocksdb"))
+            wait_processed(job, "rolling", STATE_KEYS)
+            first = job.take_snapshot()
+            target[0] += CHANGED_KEYS
+            wait_processed(job, "rolling", STATE_KEYS + CHANGED_KEYS)
+            second = job.take_snapshot()
+            snaps = os.path.join(data_dir, "jobs", job.id, "snapshots")
+            before = _inodes(os.path.join(snaps, str(first.snapshot_id)))
+            after = _inodes(os.path.join(snaps, str(second.snapshot_id)))
+            with timer() as t_restore:
+                job.restart()
+            job.cancel()
+        return {"first": first.duration_ms, "second": second.duration_ms,
+                "restore": t_restore[0] * 1000,
+                "first_mib": sum(before.values()) / 2**20,
+                "second_mib": sum(after.values()) / 2**20,
+                "second_new_mib": sum(s for i, s in after.items() if i not in before) / 2**20}
+    finally:
+        RocksDBStateBackend.snapshot_as_files = True
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def compare(name: str, files_ms: float, copy_ms: float, note: str = "") -> None:
+    """Prints a duration beside the full-copy path's, and their ratio (under 1: faster)."""
+    print(f"{name:<44} {files_ms:>10,.0f} ms | full copy {copy_ms:>10,.0f} ms | ratio "
+          f"{files_ms / copy_ms:.3f}{'  ' + note if note else ''}", flush=True)
+
+
+def rocksdb_files_beside_full_copy() -> None:
+    copy = rocksdb_snapshots(as_files=False)
+    files = rocksdb_snapshots(as_files=True)
+    compare(f"RocksDB snapshot of {STATE_KEYS:,} keys", files["first"], copy["first"],
+            f"files {files['first_mib']:.1f} MiB, full copy {copy['first_mib']:.1f} MiB")
+    compare(f"RocksDB snapshot after {CHANGED_KEYS:,} keys changed", files["second"],
+            copy["second"], f"files: {files['second_new_mib']:.2f} MiB new of "
+            f"{files['second_mib']:.1f} MiB (the rest hard links shared with the first)")
+    compare(f"RocksDB restore of {STATE_KEYS:,} keys (restart)", files["restore"],
+            copy["restore"])
+
+
 def main() -> None:
-    for backend in ("memory", "rocksdb"):
-        snapshot_of_a_million_keys(backend)
+    snapshot_of_a_million_keys("memory")
+    rocksdb_files_beside_full_copy()
     without = rolling_throughput("none")
     with_snapshots = rolling_throughput("exactly_once")
     line(f"rolling count, {THROUGHPUT_KEYS:,} keys, snapshots every 1 s", with_snapshots,

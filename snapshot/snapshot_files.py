@@ -76,7 +76,10 @@ class SnapshotFiles:
         return hash((self.directory, self.files))
 
     def __repr__(self) -> str:
-        return f"SnapshotFiles({self.directory!r}, {len(self.files)} files, meta={self.meta!r})"
+        meta = repr(self.meta)
+        if len(meta) > 120:
+            meta = meta[:117] + "..."
+        return f"SnapshotFiles({self.directory!r}, {len(self.files)} files, meta={meta})"
 
 
 def _fsync(path: str, flags: int = os.O_RDONLY) -> None:

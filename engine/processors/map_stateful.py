@@ -17,6 +17,9 @@ import heapq
 import sys
 from typing import Any, Callable
 
+from ...snapshot.rocksdb_checkpoint import (
+    restore_keyed_state, saved_state_files, state_snapshot_entries,
+)
 from ..processor import BroadcastKey, Inbox, ProcessorContext
 from ..watermark_policy import NO_WATERMARK
 from .event_time_base import EventTimeProcessor, call_with_arity
@@ -157,25 +160,50 @@ class MapStatefulProcessor(EventTimeProcessor):
 
     _completed = False
 
+    _restored_files: list | None = None  # saved RocksDB checkpoints, restored at the end
+
     def _snapshot_entries(self):
-        if not isinstance(self.states, dict):
-            self.states.flush()  # phase 1: the write-back cache reaches disk in one batch
         yield BroadcastKey("map-stateful-watermark"), self.wm
         last_ts = self.last_ts
+        # RocksDB state: one entry referring to a checkpoint's files (see rocksdb_checkpoint);
+        # the last event times of a ttl live in memory and are saved per key beside it
+        files = state_snapshot_entries(self.context, "states", self.states)
+        if files is not None:
+            yield from files
+            for k, last in last_ts.items():
+                yield k, {"last_ts": last}
+            return
+        if not isinstance(self.states, dict):
+            self.states.flush()  # phase 1: the write-back cache reaches disk in one batch
         for k, state in self.states.items():
             yield k, [state, last_ts.get(k)]
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         restored_wm = None
         for k, value in inbox.drain():
+            files = saved_state_files(k, value, "states")
+            if files is not None:
+                if self._restored_files is None:
+                    self._restored_files = []
+                self._restored_files.append(files)
+                continue
             if isinstance(k, BroadcastKey):
                 restored_wm = value if restored_wm is None else min(restored_wm, value)
                 continue
-            state, last = value
-            self.states[k] = state
+            if type(value) is dict:  # a ttl's last event time; the state is in saved files
+                last = value["last_ts"]
+            else:
+                state, last = value
+                self.states[k] = state
             if last is not None and self.ttl is not None:
                 self.last_ts[k] = last
                 self._seq += 1
                 heapq.heappush(self._expiry, (last + self.ttl, self._seq, k))
         if restored_wm is not None:
             self.wm = restored_wm
+
+    def finish_snapshot_restore(self) -> bool:
+        if self._restored_files:
+            restore_keyed_state(self.states, self._restored_files, self.context.owned_partitions)
+        self._restored_files = None
+        return True

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ...snapshot.rocksdb_checkpoint import (
+    restore_keyed_state, saved_state_files, state_snapshot_entries,
+)
 from ..pipeline.aggregate import AggregateOperation
 from ..processor import Inbox
 from .event_time_base import MISSING, EventTimeProcessor
@@ -64,7 +67,13 @@ class RollingAggregateProcessor(EventTimeProcessor):
     def complete(self) -> bool:
         return self._flush()
 
+    _restored_files: list | None = None  # saved RocksDB checkpoints, restored at the end
+
     def _snapshot_entries(self):
+        # RocksDB state: one entry referring to a checkpoint's files (see rocksdb_checkpoint)
+        files = state_snapshot_entries(self.context, "accumulators", self.accs)
+        if files is not None:
+            return files
         if not isinstance(self.accs, dict):
             self.accs.flush()  # phase 1: the write-back cache reaches disk in one batch
         return iter(self.accs.items())
@@ -72,8 +81,20 @@ class RollingAggregateProcessor(EventTimeProcessor):
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         combine = self.op.combine
         for k, acc in inbox.drain():
+            files = saved_state_files(k, acc, "accumulators")
+            if files is not None:
+                if self._restored_files is None:
+                    self._restored_files = []
+                self._restored_files.append(files)
+                continue
             old = self.accs.get(k, MISSING)
             if old is MISSING or combine is None:
                 self.accs[k] = acc
             else:
                 self.accs[k] = combine(old, acc)
+
+    def finish_snapshot_restore(self) -> bool:
+        if self._restored_files:
+            restore_keyed_state(self.accs, self._restored_files, self.context.owned_partitions)
+        self._restored_files = None
+        return True
