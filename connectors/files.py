@@ -82,27 +82,61 @@ class FileSourceProcessor(Processor):
 
 
 class FileSinkProcessor(Processor):
-    """Writes ``str(item)`` lines to ``<directory>/<global processor index>``."""
+    """Writes ``str(item)`` lines to ``<directory>/<global processor index>``.
+
+    A snapshot saves the file's length (after a flush); a restore truncates the file back to
+    that length and appends from there, so lines written after the snapshot are not written a
+    second time by the replay. A job without snapshots starts the file afresh.
+    """
 
     def __init__(self, directory: str, encoding: str) -> None:
         self.directory = directory
         self.encoding = encoding
         self._file: Any = None
+        self._path = ""
+        self._restored_length: int | None = None
 
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
         os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, str(context.global_processor_index))
-        self._file = open(path, "w", encoding=self.encoding)
+        self._path = os.path.join(self.directory, str(context.global_processor_index))
 
     def is_cooperative(self) -> bool:
         return False
 
+    def _open(self) -> Any:
+        if self._file is None:
+            if self._restored_length is None:
+                self._file = open(self._path, "w", encoding=self.encoding)
+            else:
+                size = os.path.getsize(self._path) if os.path.exists(self._path) else 0
+                if size < self._restored_length:
+                    raise OSError(
+                        f"Sinks.files: {self._path} has {size} bytes but the snapshot being "
+                        f"restored recorded {self._restored_length}: the file was truncated or "
+                        "replaced outside the job; restore it or start the job afresh")
+                os.truncate(self._path, self._restored_length)
+                self._file = open(self._path, "a", encoding=self.encoding)
+        return self._file
+
     def process(self, ordinal: int, inbox: Inbox) -> None:
-        self._file.write("".join(f"{item}\n" for item in inbox.drain()))
+        self._open().write("".join(f"{item}\n" for item in inbox.drain()))
+
+    def save_to_snapshot(self) -> bool:
+        f = self._open()
+        f.flush()
+        length = os.fstat(f.fileno()).st_size
+        key = BroadcastKey(("file-sink", self.context.global_processor_index))
+        return self.outbox.offer_to_snapshot(key, length)
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        mine = ("file-sink", self.context.global_processor_index)
+        for key, length in inbox.drain():
+            if key.key == mine:
+                self._restored_length = length
 
     def complete(self) -> bool:
-        self._file.flush()
+        self._open().flush()
         return True
 
     def close(self) -> None:

@@ -1,0 +1,83 @@
+"""Exactly-once for the state shapes users write, through real SIGKILLs.
+
+Each pipeline keeps state that is changed in place (lists, dicts, accumulators that mutate
+themselves, window buffers) and runs exactly-once on a member process that is SIGKILLed at
+random moments and restarted on its data directory. The output must count every event exactly
+once. The random moments come from a seed that is printed, so a failure repeats with
+``JETWAKE_KILL_SEED=<seed>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "state_shapes_process.py")
+EVENTS = 8000
+KILLS = 3
+
+
+def _seed() -> int:
+    seed = int(os.environ.get("JETWAKE_KILL_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"kill seed: {seed} (repeat with JETWAKE_KILL_SEED={seed})")
+    return seed
+
+
+def _start(data_dir: str, shape: str, backend: str, check: bool = False) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "JETWAKE_CRASH_AT"}
+    args = [sys.executable, SCRIPT, data_dir, shape, str(EVENTS), backend]
+    if check:
+        args.append("check")
+    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+
+
+def _run_with_kills(data_dir: str, shape: str, backend: str, seed: int) -> dict:
+    rnd = random.Random(seed)
+    for _ in range(KILLS):
+        proc = _start(data_dir, shape, backend)
+        try:
+            time.sleep(rnd.uniform(0.7, 1.8))  # the moment of the kill is the experiment
+        finally:
+            _kill(proc)
+    proc = _start(data_dir, shape, backend, check=True)
+    try:
+        _, err = proc.communicate(timeout=150)
+    finally:
+        _kill(proc)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    with open(os.path.join(data_dir, "result.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("shape,backend", [
+    ("rolling_all_of", "memory"),
+    ("rolling_all_of", "rocksdb"),
+    ("rolling_to_list", "memory"),
+    ("rolling_dict_accumulator", "memory"),
+    ("map_stateful_list", "memory"),
+    ("map_stateful_list", "rocksdb"),
+    ("window_to_list", "memory"),
+])
+def test_state_changed_in_place_counts_every_event_once_through_sigkills(tmp_path, shape,
+                                                                         backend):
+    seed = _seed()
+    result = _run_with_kills(str(tmp_path / "member"), shape, backend, seed)
+    got, want = result["got"], result["want"]
+    wrong = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
+    assert not wrong, (f"seed {seed}: {len(wrong)} of {len(want)} keys wrong, e.g. "
+                       f"{dict(list(wrong.items())[:3])}")
