@@ -24,10 +24,11 @@ import time
 import uuid
 from typing import Any
 
+from ..engine.errors import RestartableError
 from .kafka_properties import KafkaConfigError
 from .kafka_sink import KafkaSinkError
 
-__all__ = ["KafkaMarkerTopic", "MARKER_PARTITION", "retrying"]
+__all__ = ["KafkaMarkerTopic", "MarkersHeldBack", "MARKER_PARTITION", "retrying"]
 
 log = logging.getLogger("jetwake.kafka")
 
@@ -172,12 +173,12 @@ class KafkaMarkerTopic:
             if pos >= end:
                 return found
             if time.monotonic() > deadline:
-                raise KafkaSinkError(
+                raise MarkersHeldBack(
                     f"{self.where}: could not read the markers topic {self.name!r} up to "
                     f"offset {end} within {self.timeout_s:.0f} s (at {pos}): an open "
                     "transaction holds back what read_committed readers see (a member that "
                     "died while committing: it ends when that job restarts or its "
-                    "transaction.timeout.ms passes)")
+                    "transaction.timeout.ms passes); restarting the job from its snapshot")
 
     def _reader(self) -> Any:
         if self._consumer is None:
@@ -224,6 +225,11 @@ def retrying(call: Any, timeout_s: float, failed: str) -> Any:
         raise KafkaSinkError(f"{failed} within {timeout_s:.0f} s (jetwake.startup.timeout.ms): "
                              f"{e.last_attempt.exception()}") from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+class MarkersHeldBack(KafkaSinkError, RestartableError):
+    """An open transaction keeps the end of the markers topic from read_committed readers; it
+    ends by itself (fenced or timed out), so the job restarts and reads again."""
 
 
 class _NotYet(KafkaSinkError):

@@ -7,11 +7,12 @@ restored from the entries the first one saved (what a restarted job does)."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from jetwake import JobConfig, Member, Pipeline, Sinks, Sources
 from jetwake.connectors.kafka_properties import KafkaConfigError
@@ -56,7 +57,7 @@ class HandDriven:
         entries = []
         while True:
             done = self.proc.save_to_snapshot()
-            entries += self.proc.outbox._take_snapshot()
+            entries += self.proc.outbox.drain_snapshot()
             if done:
                 break
         assert self.proc.snapshot_commit_prepare()
@@ -91,7 +92,6 @@ def committed_values(bootstrap: str, topic: str) -> list[str]:
         todo = {p for p, end in ends.items() if end > 0}
         c.assign([TopicPartition(topic, p, 0) for p in todo])
         values: list[str] = []
-        import time
         deadline = time.monotonic() + 30
         while todo:
             assert time.monotonic() < deadline, f"could not read {topic} to its end"
@@ -198,7 +198,6 @@ def marker_records(bootstrap: str, topic: str) -> list[tuple[str, dict]]:
         end = c.get_watermark_offsets(tp, timeout=10, cached=False)[1]
         c.assign([TopicPartition(topic, 0, 0)])
         out = []
-        import time
         deadline = time.monotonic() + 30
         while c.position([tp])[0].offset < end:
             assert time.monotonic() < deadline, f"could not read {topic} to its end"

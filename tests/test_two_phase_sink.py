@@ -52,7 +52,7 @@ class HandDriven:
         for p in self.procs:
             while True:
                 done = p.save_to_snapshot()
-                entries += p.outbox._take_snapshot()
+                entries += p.outbox.drain_snapshot()
                 if done:
                     break
             assert p.snapshot_commit_prepare()
@@ -159,9 +159,9 @@ def test_a_refused_snapshot_save_keeps_the_records(member):
     sink.snap.requested_id = 1
     assert sink.proc.outbox.offer_to_snapshot("someone-else", "fills the buffer")
     assert sink.proc.save_to_snapshot() is False
-    sink.proc.outbox._take_snapshot()              # the engine drains the buffer
+    sink.proc.outbox.drain_snapshot()              # the engine drains the buffer
     assert sink.proc.save_to_snapshot() is True
-    entries = sink.proc.outbox._take_snapshot()
+    entries = sink.proc.outbox.drain_snapshot()
     assert [e[1][-1] for e in entries] == [[1, 2, 3]]
     sink.phase2(1)
     assert list(out) == [1, 2, 3]

@@ -219,6 +219,8 @@ class TwoPhaseCommitSink(Processor):
     def settle_writer(self, writer: str, batches: list[SavedBatch]) -> None:
         """Writes the restored ``batches`` of ``writer`` (sorted by snapshot id) whose
         snapshot its marker does not cover, in one commit with the highest id as marker."""
+        if not any(b.records for b in batches):
+            return  # nothing to write, whatever the marker says
         marker = self.read_marker(writer)
         due = [b for b in batches if b.snapshot_id > marker]
         records = [r for b in due for r in b.records]
