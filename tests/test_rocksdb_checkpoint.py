@@ -373,3 +373,195 @@ def test_a_database_written_before_per_partition_counts_reopens_with_exact_count
         r.destroy()
     finally:
         b.destroy()
+
+
+# --- through a real job -------------------------------------------------------------------------
+
+from jetwake import (  # noqa: E402 - the job-level tests below need the public API
+    AggregateOperations, BroadcastKey, JobConfig, Member, Pipeline, Processor,
+    ProcessorMetaSupplier, Sinks, Source,
+)
+
+KEYS = 200
+LIMIT = 12_000
+
+
+class GatedSource(Processor):
+    """Emits 0, 1, 2, ... up to ``gate[0]``, which the test raises while the job runs, and
+    completes at ``limit``."""
+
+    def __init__(self, gate: list[int], limit: int) -> None:
+        self.gate = gate
+        self.limit = limit
+        self.next = 0
+
+    def complete(self) -> bool:
+        end = min(self.gate[0], self.limit)
+        while self.next < end and self.outbox.has_room():
+            stop = min(self.next + 256, end)
+            self.outbox.offer_chunk(-1, list(range(self.next, stop)))
+            self.next = stop
+        return self.next >= self.limit
+
+    def save_to_snapshot(self) -> bool:
+        return self.outbox.offer_to_snapshot(BroadcastKey("next"), self.next)
+
+    def restore_from_snapshot(self, inbox) -> None:
+        for _, value in inbox.drain():
+            self.next = value
+
+
+def _count_in_place(state: list, key, item) -> tuple:
+    state[0] += 1  # changed in place: the backend must keep the value of each put
+    return key, state[0]
+
+
+def counting_pipeline(gate: list[int], kind: str, map_name: str = "counts") -> Pipeline:
+    """A keyed count of ``x % KEYS`` over the gated source, into the map ``map_name``."""
+    p = Pipeline()
+    keyed = (p.read_from(Source("gated", ProcessorMetaSupplier.of(
+        lambda: GatedSource(gate, LIMIT), 1), is_stream=True))
+        .group_by(lambda x: x % KEYS))
+    if kind == "rolling":
+        stage = keyed.rolling_aggregate(AggregateOperations.counting())
+    else:
+        stage = keyed.map_stateful(lambda: [0], _count_in_place)
+    stage.set_name("counter").write_to(Sinks.map(map_name))
+    return p
+
+
+def _config(**kwargs) -> JobConfig:
+    return JobConfig(processing_guarantee="exactly_once", state_backend="rocksdb",
+                     snapshot_interval_ms=3_600_000, state_cache_bytes=8192, **kwargs)
+
+
+def _wait_counted(job, n: int, timeout: float = 60) -> None:
+    import time
+    deadline = time.monotonic() + timeout
+    while job.metrics().get("counter", {}).get("items_in", 0) < n:
+        assert time.monotonic() < deadline, f"the counter did not receive {n} items"
+        time.sleep(0.01)
+
+
+def _expected() -> dict:
+    return {k: LIMIT // KEYS for k in range(KEYS)}
+
+
+def _file_sets(directory) -> list[str]:
+    """The saved file sets of the counter stage under a snapshot or export directory."""
+    return sorted(root for root, _, files in os.walk(directory)
+                  if "counter" in root and any(f.endswith(".sst") for f in files))
+
+
+@pytest.mark.parametrize("kind", ["rolling", "map_stateful"])
+def test_a_job_restarts_from_rocksdb_files_with_state_rolled_back_to_the_snapshot(
+        tmp_path, kind):
+    gate = [LIMIT // 4]
+    with Member(tmp_path) as m:
+        job = m.new_job(counting_pipeline(gate, kind), _config(local_parallelism=2))
+        _wait_counted(job, LIMIT // 4)
+        rec = job.take_snapshot()
+        snap_dir = tmp_path / "jobs" / job.id / "snapshots" / str(rec.snapshot_id)
+        assert len(_file_sets(snap_dir)) == 2, "each counter processor saves its RocksDB files"
+        gate[0] = LIMIT // 2  # changes after the snapshot, which the restart must undo
+        _wait_counted(job, LIMIT // 2)
+        job.restart()
+        gate[0] = LIMIT
+        job.join(120)
+        assert dict(m.get_map("counts").items()) == _expected()
+
+
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 3)])
+def test_rocksdb_files_restore_into_another_parallelism_with_every_key_once(
+        tmp_path, before, after):
+    gate = [LIMIT // 2]
+    with Member(tmp_path) as m:
+        job = m.new_job(counting_pipeline(gate, "rolling"), _config(local_parallelism=before))
+        _wait_counted(job, LIMIT // 2)
+        job.cancel_and_export_snapshot("rescale")
+        assert len(_file_sets(tmp_path / "exports" / "rescale")) == before
+        again = m.new_job(counting_pipeline([LIMIT], "rolling"), _config(
+            local_parallelism=after, initial_snapshot_name="rescale"))
+        again.join(120)
+        assert dict(m.get_map("counts").items()) == _expected()
+
+
+def _sst_inodes_under(directory) -> set[int]:
+    return set(_sst_inodes(directory))
+
+
+def test_snapshots_of_state_changed_in_place_each_restore_their_own_cut(tmp_path):
+    gate = [LIMIT // 4]
+    with Member(tmp_path) as m:
+        job = m.new_job(counting_pipeline(gate, "map_stateful"), _config())
+        _wait_counted(job, LIMIT // 4)
+        job.export_snapshot("early")
+        gate[0] = LIMIT // 2
+        _wait_counted(job, LIMIT // 2)
+        job.export_snapshot("late")
+        job.cancel()
+        early = _sst_inodes_under(tmp_path / "exports" / "early")
+        late = _sst_inodes_under(tmp_path / "exports" / "late")
+        assert early & late, "the later snapshot does not reuse the SST files of the earlier"
+        for name in ("early", "late"):
+            m.new_job(counting_pipeline([LIMIT], "map_stateful", f"counts-{name}"),
+                      _config(initial_snapshot_name=name)).join(120)
+            assert dict(m.get_map(f"counts-{name}").items()) == _expected(), name
+
+
+def test_retention_deletes_old_snapshots_and_the_newest_still_restores(tmp_path):
+    gate = [LIMIT // 2]
+    with Member(tmp_path) as m:
+        job = m.new_job(counting_pipeline(gate, "rolling"), _config())
+        _wait_counted(job, LIMIT // 2)
+        snaps = tmp_path / "jobs" / job.id / "snapshots"
+        first = job.take_snapshot()
+        first_ssts = _sst_inodes_under(snaps / str(first.snapshot_id))
+        newest = None
+        for _ in range(3):
+            newest = job.take_snapshot()
+        assert not (snaps / str(first.snapshot_id)).exists(), "retention kept the first"
+        assert first_ssts & _sst_inodes_under(snaps / str(newest.snapshot_id)), \
+            "the newest snapshot should share the first one's unchanged SST files"
+        job.restart()
+        gate[0] = LIMIT
+        job.join(120)
+        assert dict(m.get_map("counts").items()) == _expected()
+
+
+def test_a_rocksdb_snapshot_restores_into_a_job_with_state_in_memory(tmp_path):
+    gate = [LIMIT // 2]
+    with Member(tmp_path) as m:
+        job = m.new_job(counting_pipeline(gate, "rolling"), _config(local_parallelism=2))
+        _wait_counted(job, LIMIT // 2)
+        job.cancel_and_export_snapshot("to-memory")
+        m.new_job(counting_pipeline([LIMIT], "rolling"), JobConfig(
+            processing_guarantee="exactly_once", initial_snapshot_name="to-memory",
+            local_parallelism=1)).join(120)
+        assert dict(m.get_map("counts").items()) == _expected()
+
+
+def test_a_ttl_keeps_the_last_event_times_of_states_restored_from_rocksdb_files(tmp_path):
+    half = LIMIT // 2
+    gate = [half]
+    p = Pipeline()
+    (p.read_from(Source("gated", ProcessorMetaSupplier.of(
+        lambda: GatedSource(gate, LIMIT), 1), is_stream=True))
+      .with_timestamps(lambda x: x, allowed_lag=0)
+      # after the restore only the key "late" gets events: the others are evicted at the end
+      # of the stream only if their last event times were restored
+      .group_by(lambda x: x % KEYS if x < half else "late")
+      .map_stateful(lambda: [0], _count_in_place, ttl=10**9,
+                    on_evict=lambda state, key: ("evicted", key, state[0]))
+      .set_name("counter")
+      .write_to(Sinks.list("out")))
+    with Member(tmp_path) as m:
+        job = m.new_job(p, _config(local_parallelism=2))
+        _wait_counted(job, half)
+        job.take_snapshot()
+        job.restart()
+        gate[0] = LIMIT
+        job.join(120)
+        evicted = sorted((x for x in m.get_list("out") if x[0] == "evicted"), key=str)
+    assert evicted == sorted([("evicted", k, half // KEYS) for k in range(KEYS)]
+                             + [("evicted", "late", LIMIT - half)], key=str)

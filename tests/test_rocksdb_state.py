@@ -58,10 +58,12 @@ def test_rocksdb_state_lives_in_files_under_the_data_directory_while_the_job_run
       .write_to(Sinks.noop()))
     with Member(tmp_path) as m:
         job = m.new_job(p, JobConfig(state_backend="rocksdb", state_cache_bytes=1024))
-        time.sleep(0.5)
         state_dir = os.path.join(tmp_path, "state", job.id)
-        files = [f for _, _, fs in os.walk(state_dir) for f in fs]
-        assert any(f.endswith(".sst") or f.startswith("MANIFEST") for f in files)
+        deadline = time.monotonic() + 30
+        while not any(f.endswith(".sst") or f.startswith("MANIFEST")
+                      for _, _, fs in os.walk(state_dir) for f in fs):
+            assert time.monotonic() < deadline, f"no RocksDB files under {state_dir}"
+            time.sleep(0.01)
         job.cancel()
         with pytest.raises(Exception):
             job.join(10)

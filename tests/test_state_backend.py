@@ -243,6 +243,24 @@ def test_a_crash_after_flush_keeps_flushed_state_plus_possibly_evicted_later_cha
         b.close()
 
 
+def test_a_crash_after_a_checkpoint_keeps_every_change_made_before_it(tmp_path):
+    """The checkpoint writes the cache without the write-ahead log; RocksDB then writes its
+    memtable out to SST files, which is what makes those changes durable."""
+    path = str(tmp_path / "s")
+    _run_and_die(path, 2**20, """
+        for i in range(1000):
+            b.put(i, i)
+        b.delete(5)
+        b.checkpoint()
+    """)
+    b = RocksDBStateBackend(path)
+    try:
+        assert dict(b.items()) == {i: i for i in range(1000) if i != 5}
+        assert len(b) == 999
+    finally:
+        b.close()
+
+
 def test_entry_overhead_is_part_of_the_size_estimate(tmp_path):
     b = RocksDBStateBackend(tmp_path / "s")
     try:
