@@ -18,6 +18,7 @@ restores twice, shows up: their output then differs from the plain run. See docs
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import time
@@ -25,6 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .items import Watermark
+from .meta_supplier import (
+    MetaSupplierContext, ProcessorMetaSupplier, ProcessorSupplier, SupplierContext,
+)
 from .partitioning import partition_of, partitions_of_processor, processor_partition_table
 from .processor import BroadcastKey, Inbox, Outbox, Processor, ProcessorContext
 from .serialization import SerializationError, dumps, loads
@@ -48,8 +52,12 @@ def wm(timestamp: int) -> Watermark:
     return Watermark(timestamp)
 
 
-def verify_processor(supplier: Callable[[], Processor]) -> "ProcessorVerifier":
+def verify_processor(supplier: Any) -> "ProcessorVerifier":
     """Starts describing a test of the processors ``supplier()`` makes (a new one per call).
+
+    ``supplier`` may also be a ``ProcessorSupplier``, a ``ProcessorMetaSupplier`` or a
+    pipeline ``Source``/``Sink`` (``Sinks.list("out")``): they are initialized for each run
+    with the run's context, as a job would, and asked for one processor at a time.
 
     ``verify_processor(Supplier).input([...]).expect_output([...])`` runs the processor in every
     mode and raises AssertionError naming the mode whose output differs.
@@ -85,10 +93,17 @@ class ProcessorVerifier:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, supplier: Callable[[], Processor]) -> None:
-        if not callable(supplier):
+    def __init__(self, supplier: Any) -> None:
+        if isinstance(supplier, Processor):
             raise TypeError(f"verify_processor() needs a zero-argument callable that returns a "
-                            f"new Processor (a class or a lambda), got {supplier!r}")
+                            f"new Processor (a class or a lambda), got the instance "
+                            f"{supplier!r:.100}")
+        if not (callable(supplier) or isinstance(supplier, (ProcessorSupplier,
+                                                             ProcessorMetaSupplier))
+                or isinstance(getattr(supplier, "meta_supplier", None), ProcessorMetaSupplier)):
+            raise TypeError(f"verify_processor() needs a zero-argument callable that returns a "
+                            f"new Processor (a class or a lambda), a ProcessorSupplier, a "
+                            f"ProcessorMetaSupplier, a Source or a Sink, got {supplier!r:.100}")
         self._supplier = supplier
         self._inputs: list[list] = []
         self._priorities: list[int] = []
@@ -304,6 +319,10 @@ class _Stalled(Exception):
     pass
 
 
+class _TooMuchOutput(Exception):
+    """More output than expected: the run cannot match any more (equality only)."""
+
+
 class _Run:
     """One run of the processor in one mode."""
 
@@ -322,6 +341,8 @@ class _Run:
         self.proc: Processor | None = None
         self.deadline = 0.0
         self.cooperative = True
+        self.limits: list[int] | None = None  # expected output lengths, when compared by ==
+        self.factory: Callable[[], Any] = self._factory()
 
     # --- set-up -----------------------------------------------------------------------------
 
@@ -343,8 +364,31 @@ class _Run:
             logger=settings.pop("logger", logging.getLogger("jetwake.testing")),
             **settings)
 
+    def _factory(self) -> Callable[[], Any]:
+        """One processor per call: the user's callable, or the supplier a job would get."""
+        v = self.v
+        given = v._supplier
+        meta = getattr(given, "meta_supplier", given)
+        if not isinstance(meta, (ProcessorMetaSupplier, ProcessorSupplier)):
+            return given
+        lp, total = v._local_parallelism, v._total_parallelism
+        member_count = total // lp
+        member_index = v._global_index // lp
+        guarantee = v._context.get("processing_guarantee", "exactly_once")
+        name = v._context.get("job_name", self.job_id)
+        vertex = v._context.get("vertex_name", "verified")
+        if isinstance(meta, ProcessorMetaSupplier):
+            meta.init(MetaSupplierContext(self.job_id, name, vertex, lp, total, member_count,
+                                          guarantee))
+            supplier = meta.get(list(range(member_count)))(member_index)
+        else:
+            supplier = meta
+        supplier.init(SupplierContext(self.job_id, name, vertex, lp, total, member_index,
+                                      member_count, guarantee, v._context.get("member")))
+        return lambda: supplier.get(1)[0]
+
     def _new_processor(self, restored: list | None = None) -> None:
-        proc = self.v._supplier()
+        proc = self.factory()
         if not isinstance(proc, Processor):
             raise TypeError(f"verify_processor(): the supplier returned {proc!r:.100}, not a "
                             "jetwake Processor; pass a callable that returns a new processor")
@@ -356,7 +400,7 @@ class _Run:
                              self.mode.snapshot_capacity)
         self.proc = proc
         self.context = self._context()
-        self._call("init", proc.init, self.context)
+        proc.init(self.context)  # not timed: the engine runs init() before any tasklet
         self.cooperative = bool(proc.is_cooperative())
         if restored is not None:
             self._restore(restored)
@@ -394,6 +438,8 @@ class _Run:
             got = outbox.drain(o)
             n += len(got)
             self.outputs[o].extend(got)
+            if self.limits is not None and len(self.outputs[o]) > self.limits[o]:
+                raise _TooMuchOutput()
         return n
 
     def _no_progress(self, what: str) -> None:
@@ -427,17 +473,27 @@ class _Run:
     # --- the run ----------------------------------------------------------------------------
 
     def execute(self, expected: list[list]) -> list[list]:
+        """Runs the processor; returns its output per ordinal. Stops early when the output
+        has grown past the expected one, which no later output can mend."""
         self.deadline = time.monotonic() + self.v._timeout
+        if self.v._checker is None:
+            self.limits = [len(e) for e in expected]
         self._new_processor()
         try:
             try:
                 self._feed()
+                completed = False
                 if self.v._until_match is not None:
-                    self._complete_until_match(expected)
+                    completed = self._complete_until_match(expected)
                 elif self.v._call_complete:
                     # the engine snapshots a processor between complete() calls only when it
                     # is a source: one with inputs takes none once they have all ended
                     self._until_true("complete", snapshot_between=not self.v._inputs)
+                    completed = True
+                if completed and self.mode.snapshots == "restore":
+                    self._restore_final_state()
+            except _TooMuchOutput:
+                pass
             except _Stalled as e:
                 raise AssertionError(
                     f"{self.name} {self.mode.description}: stalled: {e} kept going without "
@@ -448,8 +504,15 @@ class _Run:
         return self.outputs
 
     def _feed(self) -> None:
-        inputs_left = len(self.v._inputs)
-        for step in _schedule(self.v._inputs, self.v._priorities, self.mode.one_item_chunks):
+        inputs = self.v._inputs
+        try:
+            # a processor owns the items it receives and may change them in place (a combining
+            # stage extends the accumulators it gets): each run gets its own copy
+            inputs = copy.deepcopy(inputs)
+        except Exception:  # noqa: BLE001 - items that cannot be copied are shared, as given
+            pass
+        inputs_left = len(inputs)
+        for step in _schedule(inputs, self.v._priorities, self.mode.one_item_chunks):
             kind, ordinal, arg = step
             if kind == "items":
                 self._until_true("try_process")
@@ -470,7 +533,9 @@ class _Run:
             if inputs_left:  # no barrier reaches a processor whose inputs have all ended
                 self._snapshot_point()
 
-    def _complete_until_match(self, expected: list[list]) -> None:
+    def _complete_until_match(self, expected: list[list]) -> bool:
+        """Calls complete() until the output matches (see run_until_output_matches); True
+        when complete() returned True."""
         timeout, extra = self.v._until_match  # type: ignore[misc]
         end = time.monotonic() + timeout
         matched_at: float | None = None
@@ -479,7 +544,7 @@ class _Run:
             done = self._call("complete", self.proc.complete)  # type: ignore[union-attr]
             self._collect()
             if done:
-                return
+                return True
             progress = self.proc.outbox.added != added  # type: ignore[union-attr]
             if progress and not self.v._inputs:
                 self._snapshot_point()
@@ -488,9 +553,9 @@ class _Run:
                 if all(self.v._matches(e, a) for e, a in zip(expected, self.outputs)):
                     matched_at = now
                 elif now > end:
-                    return  # the caller reports the difference
+                    return False  # the caller reports the difference
             elif now - matched_at >= extra:
-                return
+                return False
             if not progress:
                 time.sleep(0.0005)
 
@@ -507,41 +572,78 @@ class _Run:
             self._new_processor(saved)
             self.restores += 1
 
-    def _take_snapshot(self) -> list[tuple[Any, Any]]:
-        """Phase 1 (save, prepare) and phase 2 (commit) of one snapshot; returns the saved
+    def _take_snapshot(self, final: bool = False) -> list[tuple[Any, Any]]:
+        """Phase 1 (save, prepare) and phase 2 (commit) of one snapshot, or with ``final``
+        only the save a processor makes once complete() returned True; returns the saved
         entries after a round trip through the snapshot serialization."""
         proc = self.proc
         sid = self.next_snapshot_id
         self.next_snapshot_id += 1
         self.snap.requested_id = sid
-        entries: list = []
+        blobs: list[bytes] = []
+        count = 0
         while True:
             added = proc.outbox.added  # type: ignore[union-attr]
             done = self._call("save_to_snapshot", proc.save_to_snapshot)  # type: ignore
-            entries.extend(proc.outbox.drain_snapshot())  # type: ignore[union-attr]
+            entries = proc.outbox.drain_snapshot()  # type: ignore[union-attr]
+            if entries:
+                blobs.append(self._serialize(entries, count))
+                count += len(entries)
             self._collect()
             if done:
                 break
             if proc.outbox.added == added:  # type: ignore[union-attr]
                 self._no_progress("save_to_snapshot() returning False")
-        self._until_true("snapshot_commit_prepare")
-        for i, entry in enumerate(entries):
+        if not final:
+            self._until_true("snapshot_commit_prepare")
+            self.snap.phase2_id = sid
+            self.snap.phase2_success = True
+            self._until_true("snapshot_commit_finish", True)
+        self.snapshots_taken += 1
+        saved: list[tuple[Any, Any]] = []
+        for blob in blobs:
+            keys, values = loads(blob)
+            saved.extend(zip(keys, values))
+        return saved
+
+    def _restore_final_state(self) -> None:
+        """After complete() returned True the engine saves the processor's final state once,
+        and every later snapshot holds it; a job restored from one of those restores it, and
+        then the processor's inputs end at once (its upstream finished too). Everything it
+        emitted had reached downstream before that snapshot, so it must emit nothing now."""
+        saved = self._take_snapshot(final=True)
+        self.limits = None  # what comes now is reported below, not as a longer output
+        self._close()
+        self.snap = _SnapshotIds(restored_snapshot_id=self.snap.requested_id)
+        self._new_processor(saved)
+        self.restores += 1
+        before = [len(o) for o in self.outputs]
+        for ordinal in range(len(self.v._inputs)):
+            self._until_true("complete_edge", ordinal)
+        self._until_true("complete")
+        extra = [o[n:] for o, n in zip(self.outputs, before)]
+        if any(extra):
+            again = extra if len(extra) > 1 else extra[0]
+            raise AssertionError(
+                f"{self.name} {self.mode.description}: restored from the state it saved after "
+                f"complete() returned True, it emitted {_short(again)}. A job restored from "
+                "a snapshot taken after the processor finished gets this too, although all it "
+                "emitted had reached downstream before: save (or clear) what complete() has "
+                "emitted, so that the restored processor has nothing left to emit")
+
+    def _serialize(self, entries: list, first: int) -> bytes:
+        """The entries one save_to_snapshot() call offered, serialized at once, as the snapshot
+        is written: nothing the processor changes later can reach the saved state, and a
+        restore gets no object the processor still holds."""
+        for i, entry in enumerate(entries, first):
             if type(entry) is not tuple or len(entry) != 2:
                 raise AssertionError(f"{self.name} {self.mode.description}: snapshot entry {i} "
                                      f"is {_short(entry)}, not a (key, value) tuple")
         try:
-            # at once, as the snapshot is written: nothing the processor changes later can
-            # reach the saved state, and a restore gets no object the processor still holds
-            blob = dumps([[k for k, _ in entries], [v for _, v in entries]])
+            return dumps([[k for k, _ in entries], [v for _, v in entries]])
         except SerializationError as e:
             raise AssertionError(f"{self.name} {self.mode.description}: the state saved by "
                                  f"save_to_snapshot() cannot be serialized: {e}") from e
-        self.snap.phase2_id = sid
-        self.snap.phase2_success = True
-        self._until_true("snapshot_commit_finish", True)
-        self.snapshots_taken += 1
-        keys, values = loads(blob)
-        return list(zip(keys, values))
 
     def _restore(self, entries: list[tuple[Any, Any]]) -> None:
         """Gives a fresh processor the entries a job restore would route to it."""

@@ -10,7 +10,7 @@ import pytest
 
 from jetwake import (
     DAG, AbstractProcessor, BroadcastKey, Edge, Inbox, JobCancelledError, JobStatus, Member,
-    Outbox, Processor, Traverser,
+    Outbox, Processor, Traverser, Watermark,
 )
 from jetwake.engine.chunk_emitter import ChunkEmitter
 
@@ -18,8 +18,8 @@ TIMEOUT = 20
 
 
 def take_items(outbox: Outbox, ordinal: int = 0) -> list:
-    """What the engine would move from one outbox bucket: the items, flattened."""
-    return [x for entry in outbox._take(ordinal) if type(entry) is list for x in entry]
+    """What the engine would move from one outbox bucket: the data items, in order."""
+    return [x for x in outbox.drain(ordinal) if not isinstance(x, Watermark)]
 
 
 # --- Inbox -------------------------------------------------------------------------------
@@ -110,10 +110,10 @@ def test_outbox_ordinal_minus_one_offers_to_every_ordinal():
 
 def test_outbox_offer_chunk_to_all_ordinals_gives_each_its_own_list():
     outbox = Outbox(2, capacity=10)
-    outbox.offer_chunk(-1, [1, 2])
-    a = outbox._take(0)[0]
-    b = outbox._take(1)[0]
-    assert a == b == [1, 2] and a is not b
+    chunk = [1, 2]
+    outbox.offer_chunk(-1, chunk)
+    chunk.append(3)  # the outbox owns the list now: only the ordinal holding it sees this
+    assert sorted([take_items(outbox, 0), take_items(outbox, 1)]) == [[1, 2], [1, 2, 3]]
 
 
 def test_outbox_ordinal_minus_one_is_refused_when_any_bucket_is_full():
@@ -140,7 +140,7 @@ def test_outbox_offer_to_snapshot_saves_entries_until_its_buffer_is_full():
     assert outbox.offer_to_snapshot(BroadcastKey("b"), 2)
     assert not outbox.offer_to_snapshot("k3", 3)
     assert not outbox.is_empty()
-    assert outbox._take_snapshot() == [("k1", 1), (BroadcastKey("b"), 2)]
+    assert outbox.drain_snapshot() == [("k1", 1), (BroadcastKey("b"), 2)]
     assert outbox.is_empty()
     assert outbox.offer_to_snapshot("k3", 3)
 
@@ -149,6 +149,25 @@ def test_outbox_snapshot_entries_do_not_reach_the_data_buckets():
     outbox = Outbox(1, capacity=10)
     outbox.offer_to_snapshot("k", "v")
     assert take_items(outbox) == []
+
+
+def test_outbox_drain_returns_items_and_control_items_in_emission_order_and_empties_it():
+    outbox = Outbox(1, capacity=10)
+    outbox.offer(0, "a")
+    outbox.offer_control(Watermark(5))
+    outbox.offer_chunk(0, ["b", ["a list item"]])
+    assert outbox.drain(0) == ["a", Watermark(5), "b", ["a list item"]]
+    assert outbox.drain(0) == [] and outbox.is_empty()
+    assert outbox.offer(0, "room again")
+
+
+def test_outbox_snapshot_capacity_bounds_the_snapshot_buffer_apart_from_the_buckets():
+    outbox = Outbox(1, capacity=100, snapshot_capacity=1)
+    assert outbox.offer_to_snapshot("k1", 1)
+    assert not outbox.offer_to_snapshot("k2", 2)
+    assert outbox.offer_chunk(0, list(range(50)))
+    assert outbox.drain_snapshot() == [("k1", 1)]
+    assert outbox.offer_to_snapshot("k2", 2)
 
 
 def test_outbox_of_a_sink_accepts_broadcast_offers_and_stays_empty():

@@ -19,19 +19,19 @@ def run_until_full(proc, capacity: int) -> list:
     proc.outbox = Outbox(1, capacity)
     proc.init(context())
     proc.complete()
-    return [x for chunk in proc.outbox._take(0) for x in chunk]
+    return proc.outbox.drain(0)
 
 
 def snapshot(proc) -> list:
     assert proc.save_to_snapshot()
-    return proc.outbox._take_snapshot()
+    return proc.outbox.drain_snapshot()
 
 
 def drain_all(proc) -> list:
     out = []
     while True:
         done = proc.complete()
-        out += [x for chunk in proc.outbox._take(0) for x in chunk]
+        out += proc.outbox.drain(0)
         if done:
             return out
 

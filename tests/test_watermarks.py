@@ -30,13 +30,7 @@ def inserter(lag=10, step=1, policy=None, idle=0, ts_fn=lambda x: x):
 
 def entries(p) -> list:
     """The outbox contents flattened: items and watermarks, in order."""
-    out = []
-    for e in p.outbox._take(0):
-        if type(e) is list:
-            out.extend(e)
-        else:
-            out.append(e)
-    return out
+    return p.outbox.drain(0)
 
 
 def test_limiting_lag_is_the_highest_timestamp_minus_the_lag():
@@ -121,7 +115,7 @@ def test_snapshot_of_the_inserter_restores_its_watermark():
     p = inserter(lag=0, step=1)
     p.process(0, Inbox([100]))
     assert p.save_to_snapshot()
-    saved = p.outbox._take_snapshot()
+    saved = p.outbox.drain_snapshot()
     q = inserter(lag=0, step=1)
     q.restore_from_snapshot(Inbox(saved))
     q.process(0, Inbox([50]))  # behind the restored watermark: no new watermark

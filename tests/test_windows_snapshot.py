@@ -22,24 +22,21 @@ from jetwake.engine.serialization import dumps, loads
 
 def make(factory, snapshot_capacity=7):
     p = factory()
-    p.outbox = Outbox(1, 100_000)
-    p.outbox._snapshot_capacity = snapshot_capacity  # small: saving must resume across calls
+    # a small snapshot buffer: saving must resume across calls
+    p.outbox = Outbox(1, 100_000, snapshot_capacity=snapshot_capacity)
     p.init(ProcessorContext("job", "job", "v", 0, 0, 1, 1, 0, 1))
     return p
 
 
 def drain(p) -> list:
-    out = []
-    for e in p.outbox._take(0):
-        out.extend(e) if type(e) is list else out.append(e)
-    return out
+    return p.outbox.drain(0)
 
 
 def save(p) -> list:
     entries = []
     while not p.save_to_snapshot():
-        entries += p.outbox._take_snapshot()
-    entries += p.outbox._take_snapshot()
+        entries += p.outbox.drain_snapshot()
+    entries += p.outbox.drain_snapshot()
     # through the wire format, as a real snapshot goes
     return [tuple(loads(dumps(list(e)))) for e in entries]
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ..chunk_emitter import ChunkEmitter
 from ..pipeline.aggregate import AggregateOperation
 from ..pipeline.fusion import is_identity
-from ..processor import Inbox, Processor
+from ..processor import BroadcastKey, Inbox, Processor
 from ..state_saver import StateSaver
 
 __all__ = ["AccumulateProcessor", "CombineProcessor", "AggregateProcessor"]
@@ -24,14 +24,25 @@ _NO_ACC = object()
 
 class _SavesAccumulators(Processor):
     """Snapshot support shared by the aggregating processors: the accumulator table keyed by
-    the grouping key (restored to the key's owner), or the single keyless accumulator."""
+    the grouping key (restored to the key's owner), or the single keyless accumulator.
+
+    Once complete() has returned True the result is downstream; the state the engine saves
+    then (and keeps in every later snapshot) is only a marker saying so, and a processor
+    restored from it emits nothing: emitting the result again would count it twice."""
 
     table: dict
     acc: Any
     keyed: bool
     _saver: StateSaver | None = None
+    _completed = False  # complete() returned True (or the restored state says it had)
+
+    def _completed_key(self) -> BroadcastKey:
+        return BroadcastKey(("aggregation-completed", self.context.vertex_name,
+                             self.context.global_processor_index))
 
     def save_to_snapshot(self) -> bool:
+        if self._completed:
+            return self.outbox.offer_to_snapshot(self._completed_key(), True)
         if self._saver is None:
             if self.keyed:
                 entries: Any = list(self.table.items())
@@ -46,9 +57,28 @@ class _SavesAccumulators(Processor):
             return True
         return False
 
+    def _restored_marker(self, key: Any) -> bool:
+        """Whether ``key`` is a completion marker (of this processor or of another one)."""
+        if type(key) is not BroadcastKey:
+            return False
+        if key == self._completed_key():
+            self._completed = True
+        return True
+
+    def _emit_result(self, make_output: Any) -> bool:
+        """complete(): emits ``make_output()`` across calls, once."""
+        if self._completed:
+            return True
+        if self._emitter is None:
+            self._emitter = ChunkEmitter(make_output())
+        self._completed = self._emitter.emit(self.outbox)
+        return self._completed
+
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         combine = self.op.combine  # type: ignore[attr-defined]
         for key, acc in inbox.drain():
+            if self._restored_marker(key):
+                continue
             if self.keyed:
                 mine = self.table.get(key, _NO_ACC)
                 self.table[key] = acc if mine is _NO_ACC else combine(mine, acc)
@@ -79,13 +109,9 @@ class AccumulateProcessor(_SavesAccumulators):
             self.op.accumulate_grouped(self.table, keys, items)
 
     def complete(self) -> bool:
-        if self._emitter is None:
-            if self.key_fn is None:
-                out = [] if self.acc is _NO_ACC else [self.acc]
-            else:
-                out = self.table.items()
-            self._emitter = ChunkEmitter(out)
-        return self._emitter.emit(self.outbox)
+        if self.key_fn is None:
+            return self._emit_result(lambda: [] if self.acc is _NO_ACC else [self.acc])
+        return self._emit_result(self.table.items)
 
 
 class CombineProcessor(_SavesAccumulators):
@@ -108,16 +134,13 @@ class CombineProcessor(_SavesAccumulators):
             self.acc = acc if self.acc is _NO_ACC else combine(self.acc, acc)  # type: ignore[misc]
 
     def complete(self) -> bool:
-        if self._emitter is None:
+        def output() -> Any:
             finish = self.op.finish
             if self.keyed:
-                out: Any = ((k, finish(a)) for k, a in self.table.items())
-            else:
-                # a keyless aggregation of no items still has a result: that of create()
-                acc = self.op.create() if self.acc is _NO_ACC else self.acc
-                out = [finish(acc)]
-            self._emitter = ChunkEmitter(out)
-        return self._emitter.emit(self.outbox)
+                return ((k, finish(a)) for k, a in self.table.items())
+            # a keyless aggregation of no items still has a result: that of create()
+            return [finish(self.op.create() if self.acc is _NO_ACC else self.acc)]
+        return self._emit_result(output)
 
 
 class AggregateProcessor(AccumulateProcessor):
@@ -128,17 +151,17 @@ class AggregateProcessor(AccumulateProcessor):
     """
 
     def complete(self) -> bool:
-        if self._emitter is None:
+        def output() -> Any:
             finish = self.op.finish
             if self.key_fn is None:
-                out: Any = [finish(self.op.create() if self.acc is _NO_ACC else self.acc)]
-            else:
-                out = ((k, finish(a)) for k, a in self.table.items())
-            self._emitter = ChunkEmitter(out)
-        return self._emitter.emit(self.outbox)
+                return [finish(self.op.create() if self.acc is _NO_ACC else self.acc)]
+            return ((k, finish(a)) for k, a in self.table.items())
+        return self._emit_result(output)
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         for key, acc in inbox.drain():
+            if self._restored_marker(key):
+                continue
             if self.keyed:
                 self.table[key] = acc
             else:

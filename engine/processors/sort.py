@@ -43,8 +43,9 @@ class SortProcessor(Processor):
     def complete(self) -> bool:
         if self._emitter is None:
             self.items.sort(key=self.key, reverse=self.reverse)
-            # one chunk per run keeps the runs apart for the merging processor
-            self._emitter = ChunkEmitter([self.items], size=1)
+            # one chunk per run keeps the runs apart for the merging processor; the items
+            # leave the state, so a restore from the final state emits nothing again
+            self._emitter = ChunkEmitter([self.items] if self.items else [], size=1)
             self.items = []
         return self._emitter.emit(self.outbox)
 
@@ -73,4 +74,6 @@ class MergeSortedProcessor(Processor):
         if self._emitter is None:
             merged = heapq.merge(*self.runs, key=self.key, reverse=self.reverse)
             self._emitter = ChunkEmitter(merged)
+            # the runs leave the state: a restore from the final state emits nothing again
+            self.runs = []
         return self._emitter.emit(self.outbox)
