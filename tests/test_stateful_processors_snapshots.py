@@ -238,10 +238,9 @@ def test_frame_accumulate_tumbling_to_list():
 def test_frame_accumulate_sliding_custom_mutable_accumulator():
     stream = event_stream(seed=5)
     wdef = WindowDefinition.sliding(30, 10)
-    expected = [(k, f, Bag([x[1] for x in acc], sum(x[1] for x in acc)))
-                if not isinstance(k, Watermark) else k
-                for k, f, acc in (e if isinstance(e, tuple) else (e, None, None)
-                                  for e in frames_reference([(0, e) for e in stream], 10))]
+    expected = [e if isinstance(e, Watermark) else
+                (e[0], e[1], Bag([x[1] for x in e[2]], sum(x[1] for x in e[2])))
+                for e in frames_reference([(0, e) for e in stream], 10)]
     verify_processor(lambda: FrameAccumulateProcessor("w", wdef, [bag_op()],
                                                       [lambda x: x[0]])) \
         .input(stream).output_checker(same_per_watermark).expect_output(expected)
@@ -289,22 +288,6 @@ def windows_reference(frame_items: list, size: int, slide: int, combine, finish,
         t[k] = combine(t[k], a) if k in t else a
     if frames:
         emit_upto(max(frames) + size)
-    return out
-
-
-def frame_items_of(stream: list, slide: int, value) -> list:
-    """(key, frame, acc) items as stage 1 would send them from a stream of events, with the
-    stream's watermarks; ``value(payload)`` makes one event's accumulator."""
-    out = []
-    for e in frames_reference([(0, e) for e in stream], slide):
-        if isinstance(e, Watermark):
-            out.append(e)
-        else:
-            k, f, xs = e
-            acc = value(xs[0])
-            for x in xs[1:]:
-                acc = acc + value(x) if isinstance(acc, list) and len(acc) != 2 else acc
-            out.append((k, f, [value(x) for x in xs]))
     return out
 
 
