@@ -313,6 +313,48 @@ def test_window_combine_sliding_averaging_with_deduct_keeps_a_running_window():
         .input(items).output_checker(same_per_watermark).expect_output(expected)
 
 
+def counter_op_with_deduct() -> AggregateOperation:
+    """Counts of each value in a dict that accumulate, combine and deduct change in place;
+    export is the default (the accumulator itself)."""
+    def accumulate(d: dict, x: Any) -> dict:
+        d[x[1]] = d.get(x[1], 0) + 1
+        return d
+
+    def combine(a: dict, b: dict) -> dict:
+        for v, n in b.items():
+            a[v] = a.get(v, 0) + n
+        return a
+
+    def deduct(a: dict, b: dict) -> dict:
+        for v, n in b.items():
+            a[v] -= n
+            if not a[v]:
+                del a[v]
+        return a
+    return AggregateOperation(dict, accumulate, combine, deduct)
+
+
+def test_window_combine_deduct_path_emits_results_that_later_windows_do_not_change():
+    stream = event_stream(seed=10)
+    items = []
+    for e in frames_reference([(0, e) for e in stream], 10):
+        if isinstance(e, Watermark):
+            items.append(e)
+        else:
+            counts: dict = {}
+            for x in e[2]:
+                counts[x[1]] = counts.get(x[1], 0) + 1
+            items.append((e[0], e[1], counts))
+
+    def merged(a: dict, b: dict) -> dict:
+        return {v: a.get(v, 0) + b.get(v, 0) for v in {**a, **b}}
+
+    expected = windows_reference(items, 30, 10, merged, dict)
+    verify_processor(lambda: WindowCombineProcessor("w", WindowDefinition.sliding(30, 10),
+                                                    counter_op_with_deduct(), keyed=True)) \
+        .input(items).output_checker(same_per_watermark).expect_output(expected)
+
+
 def test_window_combine_tumbling_keyless_to_list():
     stream = event_stream(seed=9)
     items = [e if isinstance(e, Watermark) else (None, e[1], list(e[2]))

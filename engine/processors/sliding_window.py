@@ -44,6 +44,8 @@ _WM_KEY = "window-watermark"
 _new = tuple.__new__
 _KWR = KeyedWindowResult
 _WR = WindowResult
+# accumulators of these types cannot change in place, so a result may be the accumulator itself
+_IMMUTABLE_ACCS = frozenset((int, float, complex, bool, str, bytes, type(None)))
 
 
 def composite_operation(ops: Sequence[AggregateOperation]) -> AggregateOperation:
@@ -315,6 +317,12 @@ class WindowCombineProcessor(_WindowBase):
                     self._add(frames[f])
             self.win_end = e
             export = op.export
+            if export is _identity and win and \
+                    type(next(iter(win.values()))[0]) not in _IMMUTABLE_ACCS:
+                # the window's accumulators change in place as it slides: emit copies, or
+                # the results already emitted would change with the next window
+                create, combine = op.create, op.combine
+                export = lambda a: combine(create(), a)  # noqa: E731
             if self.keyed:
                 if export is _identity:
                     return [_new(_KWR, (start, e, k, v[0])) for k, v in win.items()]
