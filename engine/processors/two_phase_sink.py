@@ -22,10 +22,11 @@ Saved entries
     job that its writer existed (a Kafka sink fences its transactional id).
 
 Batches and markers
-    A batch is never merged into another once saved: a snapshot holds every batch that is
-    not yet confirmed written, each under the id of the snapshot it was first saved in, and
-    a commit writes the marker of the highest batch it writes. So the restore of any
-    snapshot that holds a batch skips it exactly when it was written.
+    A snapshot holds every batch not yet written, each under the id of the snapshot it was
+    first saved in, and a commit writes the marker of the highest batch it writes; markers
+    only grow. So the restore of any snapshot that holds a batch skips it exactly when it was
+    written. Only the batches of a snapshot that failed (phase 2 with ``False``: it does not
+    exist) go back to the pending records, to be saved again in the next snapshot.
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ class TwoPhaseCommitSink(Processor):
     def commit(self, writer: str, marker: int | None, records: list) -> None:
         """Writes ``records`` and records ``marker`` as ``writer``'s last written snapshot, in
         one atomic step (both or neither). ``marker`` None: write the records only (the input
-        ended after the last snapshot). Raise to fail (the job restarts from its snapshot,
-        whose restore writes the batch again if the marker says it was not written)."""
+        ended after the last snapshot). Raise RestartableError when it cannot: the job
+        restarts from its snapshot, whose restore writes the batch again unless the marker
+        says it was written."""
         raise NotImplementedError
 
     def read_marker(self, writer: str) -> int:
