@@ -10,10 +10,13 @@ checks the output. Every run is done several ways, and each must give the expect
 4. with a snapshot+restore after every chunk: the saved entries are serialized at once with
    jetwake's msgpack serialization (so no live reference survives), the processor is closed,
    and a fresh one is initialized, restored (entries routed by key partition, broadcast keys
-   to all, as a job restore does) and carries on with the rest of the input.
+   to all, as a job restore does) and carries on with the rest of the input. Once complete()
+   has returned True, a last fresh processor is restored from the final state and must emit
+   nothing more (the engine keeps that state in every later snapshot).
 
-Modes 3 and 4 are where state that a processor changes in place, or forgets to save, or
-restores twice, shows up: their output then differs from the plain run. See docs/testing.md.
+Modes 3 and 4 are where state that a processor forgets to save, restores twice or shares with
+what it emitted shows up: their output then differs from the expected one. See
+docs/testing.md.
 """
 
 from __future__ import annotations
@@ -342,6 +345,7 @@ class _Run:
         self.deadline = 0.0
         self.cooperative = True
         self.limits: list[int] | None = None  # expected output lengths, when compared by ==
+        self.supplier: ProcessorSupplier | None = None
         self.factory: Callable[[], Any] = self._factory()
 
     # --- set-up -----------------------------------------------------------------------------
@@ -385,6 +389,7 @@ class _Run:
             supplier = meta
         supplier.init(SupplierContext(self.job_id, name, vertex, lp, total, member_index,
                                       member_count, guarantee, v._context.get("member")))
+        self.supplier = supplier
         return lambda: supplier.get(1)[0]
 
     def _new_processor(self, restored: list | None = None) -> None:
@@ -500,7 +505,11 @@ class _Run:
                     f"finishing for {self.v._timeout} s (timeout()); output so far: "
                     f"{_short(self.outputs)}") from None
         finally:
-            self._close()
+            try:
+                self._close()
+            finally:
+                if self.supplier is not None:
+                    self.supplier.close(None)
         return self.outputs
 
     def _feed(self) -> None:
