@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from ..snapshot.store import CommitRecord, SnapshotDamagedError, SnapshotStoreEr
 from .dag import DAG
 from .errors import (
     FallbackRefusedError, JobCancelledError, JobStateError, RestartableError, SnapshotError,
-    SnapshotNotFoundError, SnapshotWriteError,
+    SnapshotNotFoundError, SnapshotWriteError, is_restartable_cause,
 )
 from .execution.plan import PlanContext, build_tasklets
 from .fault_injection import crash_point
@@ -38,8 +39,15 @@ log = logging.getLogger("jetwake.job")
 
 PHASE_TIMEOUT_S = 120.0
 
+# a start that fails for a restartable cause is tried again after 0.5 s, 1 s, 2 s, ... up to
+# this much between attempts, until it succeeds, the job is cancelled or the member shuts down
+RESTART_BACKOFF_FIRST_S = 0.5
+RESTART_BACKOFF_MAX_S = 30.0
+# failed attempts beyond the first three are logged at most this often (each is still an event)
+_RETRY_LOG_EVERY_S = 60.0
+
 # why the current execution is being stopped
-_STOP_NONE, _STOP_CANCEL, _STOP_SUSPEND, _STOP_RESTART = range(4)
+_STOP_NONE, _STOP_CANCEL, _STOP_SUSPEND, _STOP_RESTART, _STOP_SHUTDOWN = range(5)
 
 
 class JobCoordinator:
@@ -71,6 +79,16 @@ class JobCoordinator:
         self._accept_fallback_once = False
         self.snapshot_failures = 0  # snapshots that could not be written (metric)
         self.last_snapshot_error: str | None = None
+        # why the job record on disk is out of date (None: it is current)
+        self.record_error: str | None = None
+        self.restart_attempts = 0  # start attempts of the restart in progress
+        self._retry_stop = threading.Event()  # restarts stop retrying: cancel, member shutdown
+        self._retrier: threading.Thread | None = None
+        self._retry_failure = False  # failure_text says why a restart attempt failed
+        self._last_retry_log = 0.0
+        # set by a graceful member shutdown: the record says "running" unless the job ends
+        self._resume_on_start = False
+        self._terminal_committed = False  # the shutdown's terminal snapshot committed
         self.dag: DAG = self._compile()
 
     def _compile(self) -> DAG:
@@ -96,35 +114,70 @@ class JobCoordinator:
     # --- status ----------------------------------------------------------------------------
 
     def _set_status(self, status: JobStatus) -> None:
+        """Changes the status in memory, then writes the job record and emits the event. The
+        in-memory status is always right: a record that cannot be written (a full disk) is
+        reported and written again later, it never leaves the job in its old status."""
         with self._lock:
             if self.status == status:
                 return
             self.status = status
             self._state_changed.notify_all()
+        self._publish_status(status)
+
+    def _publish_status(self, status: JobStatus) -> None:
         self._save_record()
         self.member.emit_event(self, status.value.lower())
 
-    def _save_record(self, definition: Any = None) -> None:
+    def _record_status(self) -> JobStatus:
+        """The status the record says: after a graceful member shutdown stopped the job it
+        says RUNNING (resume on the next start) unless the job ended meanwhile."""
+        status = self.status
+        if self._resume_on_start and not status.is_terminal:
+            return JobStatus.RUNNING
+        return status
+
+    def _save_record(self, definition: Any = None, *, raise_errors: bool = False) -> bool:
+        """Writes the job record (and the definition, when given); True when written.
+
+        An OSError (a full disk) is raised with ``raise_errors``; otherwise it is reported
+        (``record_error``, a log line, an event) and the member writes the record again with
+        back-off until it succeeds, so the status on disk catches up once there is space."""
         records = self.member.job_records
         if not records.persistent:
-            return
+            return True
+        error: OSError | None = None
         with self._record_lock:  # the status written is the one current at write time
-            records.save(JobRecord(self.job_id, self.name, self.status.value,
-                                   dict(vars(self.config)), self.submission_time,
-                                   self.completion_time, self.failure_text,
-                                   {"restart_count": self.restart_count}), definition)
+            rec = JobRecord(self.job_id, self.name, self._record_status().value,
+                            dict(vars(self.config)), self.submission_time,
+                            self.completion_time, self.failure_text,
+                            {"restart_count": self.restart_count})
+            try:
+                records.save(rec, definition)
+            except OSError as e:
+                if raise_errors:
+                    raise
+                error = e
+            was_stale, self.record_error = self.record_error, None
+            if error is not None:
+                self.record_error = (
+                    f"writing the job record of '{self.name}' failed ({error}); on disk the "
+                    f"job's status is out of date (it is {self.status.value}) until the "
+                    "record can be written, which is retried with back-off")
+        if error is not None:
+            if was_stale is None:  # one line per episode, not per retry
+                log.error("job %s: %s", self.name, self.record_error)
+            self.member.emit_event(self, f"job record write failed: {error}")
+            self.member.retry_record_later(self)
+            return False
+        if was_stale is not None:
+            log.info("job %s: the job record is written again (status %s)", self.name,
+                     rec.status)
+        return True
 
-    def mark_resume_on_start(self) -> None:
-        """Records the job as running, so the member's next start resumes it (after a
-        graceful shutdown took its terminal snapshot)."""
-        if self.member.job_records.persistent:
-            with self._lock:
-                saved = self.status
-                self.status = JobStatus.RUNNING
-                try:
-                    self._save_record()
-                finally:
-                    self.status = saved
+    def save_definition(self) -> None:
+        """Writes the job's definition and record; raises when they cannot be written (the job
+        cannot be submitted then)."""
+        self._save_record(self.definition, raise_errors=True)
 
     def wait_for_execution(self, count: int, timeout: float) -> bool:
         """Waits until ``count`` executions have started and the job runs (or has ended)."""
@@ -139,25 +192,32 @@ class JobCoordinator:
 
     # --- starting an execution ---------------------------------------------------------------
 
-    def start(self, *, restore: str = "latest", persist_definition: bool = True) -> None:
+    def start(self, *, restore: str = "latest", persist_definition: bool = True,
+              on_restartable: JobStatus | None = None) -> None:
         """Starts an execution; ``restore`` is "latest" (the last good snapshot, if any),
-        "initial" (the config's initial_snapshot_name) or "none"."""
-        with self._lock:
-            self._stop_reason = _STOP_NONE
-            self._ended.clear()
+        "initial" (the config's initial_snapshot_name) or "none".
+
+        When it cannot start, the error is raised and the job is left: SUSPENDED for a
+        :class:`FallbackRefusedError` (the user decides); in ``on_restartable`` for an error
+        :func:`is_restartable_cause` accepts (a broker away, a full disk), when given; FAILED
+        with the cause as its failure text otherwise. A cancel requested while it starts ends
+        the job cancelled (:class:`JobCancelledError`); a member shutdown while it starts leaves
+        it NOT_RUNNING, to resume on the next start.
+        """
         if persist_definition:
-            self._save_record(self.definition)
-        self._set_status(JobStatus.STARTING)
+            self.save_definition()
+        self._begin_start()
         try:
             tasklets, snapshot, desc = self._start_tasklets(restore)
         except FallbackRefusedError as e:
             # the user can act on it: resume, accepting duplicates
             self.error = e
             self.failure_text = f"{type(e).__name__}: {e}"
+            self._retry_failure = False
             self._set_status(JobStatus.SUSPENDED)
             raise
         except BaseException as e:
-            self._finish(JobStatus.FAILED, e)
+            self._start_failed(e, on_restartable)
             raise
         finally:
             self._accept_fallback_once = False
@@ -165,10 +225,28 @@ class JobCoordinator:
         if snapshot is not None:
             snapshot.attach(tasklets)
         with self._lock:
-            self._execution = execution
-            self._snapshot = snapshot
-            self.execution_count += 1
-        self._set_status(JobStatus.RUNNING)
+            # a cancel or a member shutdown may have come while the processors were built
+            reason = self._stop_reason
+            if reason == _STOP_NONE:
+                self._execution = execution
+                self._snapshot = snapshot
+                self.execution_count += 1
+                if self._retry_failure:  # it runs again: the last attempt's error is history
+                    self.failure_text = None
+                    self.error = None
+                    self._retry_failure = False
+                self.restart_attempts = 0
+                self.status = JobStatus.RUNNING
+                self._state_changed.notify_all()
+        if reason != _STOP_NONE:
+            self._close_all(tasklets)
+            self._remove_state_dirs()
+            if reason == _STOP_CANCEL:
+                self._finish_cancelled()
+                raise JobCancelledError(f"job '{self.name}' was cancelled while starting")
+            self._set_status(JobStatus.NOT_RUNNING)
+            raise JobStateError(f"job '{self.name}' did not start: the member is shutting down")
+        self._publish_status(JobStatus.RUNNING)
         log.info("job %s (%s) started: %d processors%s", self.name, self.job_id, len(tasklets),
                  f", restored from {desc}" if desc else "")
         self.member.execution_service.submit(execution)
@@ -177,6 +255,53 @@ class JobCoordinator:
                 target=self._snapshot_loop, args=(execution,), daemon=True,
                 name=f"jetwake-snapshots-{self.name}")
             self._snapshotter.start()
+
+    def _begin_start(self) -> None:
+        """Moves the job to STARTING, in one step with the checks that it may start."""
+        with self._lock:
+            if self.status.is_terminal:
+                raise JobStateError(f"job '{self.name}' is {self.status.value}: it cannot start "
+                                    "again")
+            reason = self._stop_reason
+            if reason not in (_STOP_CANCEL, _STOP_SHUTDOWN):
+                # a suspend or restart request belonged to the execution that ended
+                self._stop_reason = _STOP_NONE
+                self._ended.clear()
+                self.status = JobStatus.STARTING
+                self._state_changed.notify_all()
+        if reason == _STOP_CANCEL:  # cancelled while its restart was on the way
+            self._finish_cancelled()
+            raise JobCancelledError(f"job '{self.name}' was cancelled")
+        if reason == _STOP_SHUTDOWN:
+            raise JobStateError(f"job '{self.name}' does not start: the member is shutting down")
+        self._publish_status(JobStatus.STARTING)
+
+    def _start_failed(self, error: BaseException, on_restartable: JobStatus | None) -> None:
+        """Leaves the job in a status the user can act on after a failed start."""
+        self._remove_state_dirs()
+        with self._lock:
+            reason = self._stop_reason
+        if reason == _STOP_CANCEL:
+            self._finish_cancelled()
+            return
+        text = f"{type(error).__name__}: {error}"
+        if reason == _STOP_SHUTDOWN:
+            self._set_status(JobStatus.NOT_RUNNING)
+            return
+        if on_restartable is not None and is_restartable_cause(error):
+            self.error = error
+            if on_restartable == JobStatus.NOT_RUNNING:
+                self.failure_text = (f"{text} (start attempt {max(1, self.restart_attempts)} "
+                                     "failed; retrying with back-off)")
+                self._retry_failure = True
+            else:
+                self.failure_text = text
+                self._retry_failure = False
+            self._set_status(on_restartable)
+            return
+        self.failure_text = text
+        self._retry_failure = False
+        self._finish(JobStatus.FAILED, error)
 
     def _start_tasklets(self, restore: str) -> tuple[list, SnapshotContext | None, str]:
         """Builds and initializes the processors and restores the newest good snapshot into
@@ -307,6 +432,16 @@ class JobCoordinator:
             return RocksDBStateBackend(os.path.join(root, vertex, str(index), name), cache)
         return factory
 
+    def _remove_state_dirs(self) -> None:
+        """Removes the job's RocksDB working state (``<data_dir>/state/<job_id>``). Called when
+        no execution of the job runs: after one ended, after a failed start, at the job's end.
+        Its processors delete their own stores when they close; this removes what a failed
+        close left behind. A snapshot never points into it (saved files are hard links)."""
+        if self.member.data_dir is None or self.config.state_backend != "rocksdb":
+            return
+        shutil.rmtree(os.path.join(self.member.data_dir, "state", self.job_id),
+                      ignore_errors=True)
+
     # --- the end of an execution -------------------------------------------------------------
 
     def _on_execution_end(self, execution: Execution) -> None:
@@ -314,9 +449,15 @@ class JobCoordinator:
             if execution is not self._execution:
                 return
             reason = self._stop_reason
-        if reason == _STOP_CANCEL:
-            self.store.delete_job_snapshots(self.job_id)
-            self._finish(JobStatus.FAILED, JobCancelledError(f"job '{self.name}' was cancelled"))
+        self._remove_state_dirs()
+        if reason == _STOP_SHUTDOWN and (execution.error is None
+                                         or isinstance(execution.error, RestartableError)):
+            # stopped by a graceful member shutdown: the record says running, so the next start
+            # resumes it, from the terminal snapshot if it committed
+            self._set_status(JobStatus.SUSPENDED if self._terminal_committed
+                             else JobStatus.NOT_RUNNING)
+        elif reason == _STOP_CANCEL:
+            self._finish_cancelled()
         elif reason == _STOP_SUSPEND:
             self._set_status(JobStatus.SUSPENDED)
         elif reason == _STOP_RESTART:
@@ -347,14 +488,94 @@ class JobCoordinator:
     def _restart_async(self, why: str) -> None:
         self.restart_count += 1
         self.member.emit_event(self, f"restarting ({why})")
-        threading.Thread(target=self._restart, daemon=True,
-                         name=f"jetwake-restart-{self.name}").start()
+        self._start_retrier(attempts_done=0)
 
-    def _restart(self) -> None:
+    def _start_retrier(self, attempts_done: int) -> None:
+        thread = threading.Thread(target=self._restart, args=(attempts_done,), daemon=True,
+                                  name=f"jetwake-restart-{self.name}")
+        self._retrier = thread
+        thread.start()
+
+    def recover(self) -> None:
+        """Resumes, at member start, a job that was running when its member stopped. One
+        attempt now; when it fails for a restartable cause the job is NOT_RUNNING (its failure
+        says why) and the attempts go on in the background with back-off; a permanent cause
+        marks the job FAILED with that cause. Never raises: one job that cannot start must
+        not keep the member from recovering the others."""
+        self.restart_count += 1
+        self.restart_attempts = 1
         try:
-            self.start(restore="latest", persist_definition=False)
-        except BaseException as e:  # noqa: BLE001 - start() already failed the job
-            log.error("job %s could not restart: %r", self.name, e)
+            self.start(restore="latest", persist_definition=False,
+                       on_restartable=JobStatus.NOT_RUNNING)
+            return
+        except Exception as e:  # noqa: BLE001 - reported below, the member goes on
+            error = e
+        if self.status == JobStatus.NOT_RUNNING and is_restartable_cause(error) \
+                and not self._retry_stop.is_set():
+            self._report_failed_attempt(1, error, RESTART_BACKOFF_FIRST_S)
+            self._start_retrier(attempts_done=1)
+        else:
+            log.error("job %s (%s) could not be resumed: %s", self.name, self.job_id,
+                      self.failure_text or repr(error))
+
+    def _restart(self, attempts_done: int = 0) -> None:
+        """Starts a new execution from the last snapshot. A failure for a restartable cause
+        (:func:`is_restartable_cause`) is retried with exponential back-off until the job
+        runs, is cancelled, or the member shuts down; in between the job is NOT_RUNNING, its
+        failure text says why and each failed attempt is an event. A permanent cause fails the
+        job (start() marks it)."""
+        from tenacity import Retrying, retry_if_exception, wait_exponential
+
+        count = attempts_done
+
+        def attempt() -> None:
+            nonlocal count
+            if self._retry_stop.is_set():
+                raise JobStateError(f"job '{self.name}': restart abandoned (cancelled, or the "
+                                    "member is shutting down)")
+            count += 1
+            self.restart_attempts = count
+            self.start(restore="latest", persist_definition=False,
+                       on_restartable=JobStatus.NOT_RUNNING)
+
+        def report(state: Any) -> None:
+            self._report_failed_attempt(count, state.outcome.exception(),
+                                        state.next_action.sleep)
+
+        if attempts_done:  # the first attempt was made by the caller: wait before the next
+            self._retry_stop.wait(RESTART_BACKOFF_FIRST_S)
+        retrying = Retrying(
+            retry=retry_if_exception(is_restartable_cause),
+            wait=wait_exponential(multiplier=RESTART_BACKOFF_FIRST_S, max=RESTART_BACKOFF_MAX_S),
+            sleep=self._retry_stop.wait,  # cut short by a cancel or a member shutdown
+            before_sleep=report, reraise=True)
+        try:
+            retrying(attempt)
+        except BaseException as e:  # noqa: BLE001 - start() marked the job; say why here
+            if self._retry_stop.is_set():
+                log.info("job %s: restart stopped (%s)", self.name, e)
+            else:
+                log.error("job %s could not restart: %s", self.name,
+                          self.failure_text or repr(e))
+        with self._lock:
+            # stopped before an attempt began: the execution is gone, so it is not running
+            stale = self.status in (JobStatus.RUNNING, JobStatus.STARTING) \
+                and (self._execution is None or self._execution.finished.is_set())
+        if stale:
+            self._set_status(JobStatus.NOT_RUNNING)
+
+    def _report_failed_attempt(self, attempt: int, error: BaseException | None,
+                               delay: float) -> None:
+        text = f"{type(error).__name__}: {error}"
+        self.member.emit_event(self, f"start attempt {attempt} failed ({text}); retrying in "
+                                     f"{delay:.1f} s")
+        now = time.monotonic()
+        if attempt <= 3 or now - self._last_retry_log >= _RETRY_LOG_EVERY_S:
+            self._last_retry_log = now
+            log.warning("job %s: start attempt %d failed (%s); retrying in %.1f s%s", self.name,
+                        attempt, text, delay,
+                        "" if attempt < 3 else " (further attempts are logged at most once a "
+                        "minute; each is a job event)")
 
     def _finish(self, status: JobStatus, error: BaseException | None) -> None:
         with self._lock:
@@ -364,8 +585,18 @@ class JobCoordinator:
             if error is not None and self.failure_text is None:
                 self.failure_text = f"{type(error).__name__}: {error}"
             self.completion_time = time.time()
+        self._retry_stop.set()
+        self._remove_state_dirs()
         self._set_status(status)
         self._ended.set()
+
+    def _finish_cancelled(self) -> None:
+        self._retry_stop.set()
+        self.store.delete_job_snapshots(self.job_id)
+        if self._retry_failure:  # the failed attempt is not why it ended
+            self.failure_text = None
+            self._retry_failure = False
+        self._finish(JobStatus.FAILED, JobCancelledError(f"job '{self.name}' was cancelled"))
 
     # --- snapshots ---------------------------------------------------------------------------
 
@@ -435,6 +666,9 @@ class JobCoordinator:
             rec = write_error = None
             if phase1_ok:
                 try:
+                    # map writes and journal entries the snapshot points into are durable
+                    # before the commit record that points into them
+                    self.member.sync_maps()
                     rec = writer.commit()
                 except OSError as e:
                     write_error = e
@@ -497,15 +731,25 @@ class JobCoordinator:
         return execution
 
     def cancel(self) -> None:
+        """Stops the job for good (FAILED with JobCancelledError, snapshots deleted), in any
+        status: a running execution is stopped, a start in progress ends cancelled, a restart
+        waiting to retry gives up."""
         with self._lock:
             if self.status.is_terminal:
                 raise JobStateError(f"job '{self.name}' is already {self.status.value}; "
                                     "only a running or suspended job can be cancelled")
-            running = self.status in (JobStatus.RUNNING, JobStatus.STARTING)
-        if running and self._stop_execution(_STOP_CANCEL) is not None:
+            self._stop_reason = _STOP_CANCEL
+            execution = self._execution
+            if execution is not None and execution.finished.is_set():
+                execution = None  # the previous execution: it has ended already
+            starting = self.status == JobStatus.STARTING
+        self._retry_stop.set()
+        if execution is not None:
+            execution.cancel()  # its end finishes the job
             return
-        self.store.delete_job_snapshots(self.job_id)
-        self._finish(JobStatus.FAILED, JobCancelledError(f"job '{self.name}' was cancelled"))
+        if starting:
+            return  # start() sees the request and ends the job cancelled
+        self._finish_cancelled()
 
     def suspend(self) -> None:
         self.require(JobStatus.RUNNING, "suspend")
@@ -519,7 +763,47 @@ class JobCoordinator:
         self.require(JobStatus.SUSPENDED, "resume")
         self.error = None
         self._accept_fallback_once = bool(accept_at_least_once_on_fallback)
-        self.start(restore="latest", persist_definition=False)
+        # a restartable cause (a full disk, a broker away) leaves it SUSPENDED: resume again
+        self.start(restore="latest", persist_definition=False,
+                   on_restartable=JobStatus.SUSPENDED)
+
+    def stop_for_shutdown(self, timeout: float) -> bool:
+        """Stops the job for a graceful member shutdown so that the next start resumes it.
+
+        A running job takes a terminal snapshot first; if that fails (a full disk), the next
+        start resumes from the last good snapshot instead. A start in progress is abandoned and
+        a restart waiting to retry gives up. From here on the job record says RUNNING whatever
+        the status in memory becomes (SUSPENDED after a committed terminal snapshot, else
+        NOT_RUNNING), unless the job completes or fails meanwhile: then it says so. Returns
+        whether the job stopped within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            status = self.status
+            if status.is_terminal or status in (JobStatus.SUSPENDED,
+                                                JobStatus.SUSPENDED_EXPORTING_SNAPSHOT):
+                return True  # not running: a suspended job stays suspended
+            self._resume_on_start = True
+            stopping = self._stop_reason != _STOP_NONE
+        if status == JobStatus.RUNNING and not stopping and self.config.snapshots_enabled:
+            try:
+                self.take_snapshot(terminal=True)
+                self._terminal_committed = True
+            except Exception as e:  # noqa: BLE001 - shutting down regardless
+                log.warning("job %s: the terminal snapshot at shutdown failed (%s); the next "
+                            "start resumes the job from its last good snapshot", self.name, e)
+                self.member.emit_event(self, f"terminal snapshot failed at shutdown: {e}")
+        self._retry_stop.set()
+        self._stop_execution(_STOP_SHUTDOWN)
+        if status == JobStatus.NOT_RUNNING:
+            self._save_record()  # says RUNNING now: resume on the next start
+        ended = self.wait_for_status(
+            {JobStatus.SUSPENDED, JobStatus.NOT_RUNNING, JobStatus.FAILED,
+             JobStatus.COMPLETED}, max(0.0, deadline - time.monotonic()))
+        retrier = self._retrier
+        if retrier is not None and retrier is not threading.current_thread():
+            retrier.join(max(0.0, deadline - time.monotonic()))
+            ended = ended and not retrier.is_alive()
+        return ended
 
     def restart(self) -> None:
         self.require(JobStatus.RUNNING, "restart")

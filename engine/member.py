@@ -1,7 +1,8 @@
 """Member: one jetwake process that runs jobs and holds named maps and lists.
 
 ``Member()`` runs embedded in the calling process, everything in memory. ``Member(data_dir)``
-keeps maps, job records and snapshots under ``data_dir``.
+keeps maps, job records and snapshots under ``data_dir``, which it locks for its whole life:
+one data directory, one member (see engine/data_dir_lock.py).
 """
 
 from __future__ import annotations
@@ -9,14 +10,17 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import threading
+import time
 from typing import Any, Callable
 
+from .data_dir_lock import DataDirectoryLock
 from .errors import JobNotFoundError, SnapshotNotFoundError
 from .execution.service import ExecutionService
 from .job import Job
 from .job_config import JobConfig
-from .job_coordinator import JobCoordinator
+from .job_coordinator import _STOP_CANCEL, _STOP_SUSPEND, JobCoordinator
 from .job_status import JobStatus
 from .named_list import NamedList
 
@@ -25,6 +29,9 @@ log = logging.getLogger("jetwake.member")
 # statuses in which a job was running when its member stopped: it resumes on the next start
 _WAS_RUNNING = {JobStatus.STARTING.value, JobStatus.RUNNING.value, JobStatus.COMPLETING.value,
                 JobStatus.NOT_RUNNING.value}
+
+# how long a graceful shutdown waits for all jobs to stop (terminal snapshots included)
+SHUTDOWN_TIMEOUT_S = 60.0
 
 __all__ = ["Member"]
 
@@ -47,6 +54,12 @@ class Member:
     ``local_parallelism``: processors per vertex when a stage or job sets none (default 1).
     ``cooperative_threads``: worker threads for cooperative tasklets (default 2).
     ``journal_capacity``: events kept in each map's event journal.
+
+    With a data directory the member locks it (another member on it fails at once with
+    :class:`DataDirectoryLockedError`), removes RocksDB working state left by executions of a
+    process that crashed, and resumes each job that was running, each on its own: a job that
+    cannot start for a restartable cause keeps being retried with back-off, one with a
+    permanent cause is marked FAILED, and neither keeps the others from running.
     """
 
     def __init__(self, data_dir: str | os.PathLike | None = None, *,
@@ -67,42 +80,149 @@ class Member:
         if not isinstance(lp, int) or lp < 1:
             raise ValueError(f"local_parallelism must be a positive int, got {lp!r}")
         self.data_dir = os.fspath(data_dir) if data_dir is not None else None
+        self._dir_lock: DataDirectoryLock | None = None
         if self.data_dir is not None:
             os.makedirs(self.data_dir, exist_ok=True)
+            # first of all: nothing in the directory is touched before it is ours
+            self._dir_lock = DataDirectoryLock(self.data_dir)
+            self._dir_lock.acquire()
         self.default_local_parallelism = lp
-        self.execution_service = ExecutionService(threads)
-        self._maps = MapStore(self.data_dir, journal_capacity=journal_capacity)
         self._lists: dict[str, NamedList] = {}
         self._jobs: dict[str, JobCoordinator] = {}
         self._lock = threading.RLock()
         self._shut_down = False
-        self.snapshot_store = SnapshotStore(self.data_dir)
-        self.job_records = JobRecordStore(self.data_dir)
         self._listeners: list[Callable[[str, str, str], None]] = []
-        if self.data_dir is not None:
-            self._recover_jobs()
+        # jobs whose record could not be written (a full disk): written again with back-off
+        self._stale_records: set[JobCoordinator] = set()
+        self._record_writer: threading.Thread | None = None
+        self._stopping = threading.Event()
+        #: job id -> why its record could not be turned into a job at this start (the record
+        #: is kept as it is, so a start with the problem fixed resumes it)
+        self.recovery_errors: dict[str, str] = {}
+        self.execution_service = ExecutionService(threads)
+        self._maps = None
+        try:
+            self._maps = MapStore(self.data_dir, journal_capacity=journal_capacity)
+            self.snapshot_store = SnapshotStore(self.data_dir)
+            self.job_records = JobRecordStore(self.data_dir)
+            if self.data_dir is not None:
+                self._remove_stale_state()
+                self._recover_jobs()
+        except BaseException:
+            self._abandon_start()
+            raise
+
+    def _abandon_start(self) -> None:
+        """Undoes a start that failed: nothing may keep the directory locked."""
+        self._shut_down = True
+        self._stopping.set()
+        for c in list(self._jobs.values()):
+            c._retry_stop.set()
+        self.execution_service.shutdown()
+        if self._maps is not None:
+            self._maps.close()
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+
+    def _remove_stale_state(self) -> None:
+        """Removes the RocksDB working state of every execution found: at member start none
+        runs, and the directory lock guarantees no other member uses it, so it is what
+        executions of a crashed process left behind (a restore rebuilds state from the
+        snapshot, never from these)."""
+        root = os.path.join(self.data_dir, "state")  # type: ignore[arg-type]
+        try:
+            jobs = os.listdir(root)
+        except FileNotFoundError:
+            return
+        removed = 0
+        for job_id in jobs:
+            job_dir = os.path.join(root, job_id)
+            try:
+                executions = os.listdir(job_dir)
+            except (NotADirectoryError, FileNotFoundError):
+                continue
+            removed += len(executions)
+            shutil.rmtree(job_dir, ignore_errors=True)
+        if removed:
+            log.info("removed the RocksDB state of %d execution(s) that did not end cleanly "
+                     "(in %s)", removed, root)
 
     def _recover_jobs(self) -> None:
         """Loads the job records of the data directory; jobs that were running resume from
-        their last snapshot."""
-        for rec in self.job_records.load_all():
-            definition = self.job_records.load_definition(rec.job_id)
-            known = JobConfig.__dataclass_fields__
-            config = JobConfig(**{k: v for k, v in rec.config.items() if k in known})
-            c = JobCoordinator(self, rec.job_id, definition, config, rec.submission_time)
+        their last snapshot, each on its own (see JobCoordinator.recover)."""
+        to_resume: list[tuple[JobCoordinator, str]] = []
+        for rec in self.job_records.load_all():  # a damaged record is an error naming it
+            try:
+                definition = self.job_records.load_definition(rec.job_id)
+                known = JobConfig.__dataclass_fields__
+                config = JobConfig(**{k: v for k, v in rec.config.items() if k in known})
+                c = JobCoordinator(self, rec.job_id, definition, config, rec.submission_time)
+            except Exception as e:  # noqa: BLE001 - one job must not stop the others
+                text = f"{type(e).__name__}: {e}"
+                self.recovery_errors[rec.job_id] = text
+                log.error("job %s (%s) cannot be loaded and is left out of this member; its "
+                          "record is kept, so a start with the problem fixed resumes it: %s",
+                          rec.name, rec.job_id, text)
+                continue
             c.completion_time = rec.completion_time
             c.failure_text = rec.failure
             c.restart_count = rec.extra.get("restart_count", 0)
             self._jobs[c.job_id] = c
             if rec.status in _WAS_RUNNING:
-                log.info("job %s (%s) was %s when the member stopped: resuming it", c.name,
-                         c.job_id, rec.status)
-                c.restart_count += 1
-                c.start(restore="latest", persist_definition=False)
+                to_resume.append((c, rec.status))
+                # an error recorded before is history once the job runs again
+                c._retry_failure = c.failure_text is not None
             else:
                 c.status = JobStatus(rec.status)
                 if c.status.is_terminal:
                     c._ended.set()
+        for c, was in to_resume:
+            log.info("job %s (%s) was %s when the member stopped: resuming it", c.name,
+                     c.job_id, was)
+            c.recover()
+
+    # --- job records that could not be written ------------------------------------------------
+
+    def retry_record_later(self, coordinator: JobCoordinator) -> None:
+        """Writes ``coordinator``'s job record again, with back-off, until it succeeds or the
+        member shuts down (called when a write failed, a full disk say)."""
+        with self._lock:
+            self._stale_records.add(coordinator)
+            if self._record_writer is not None or self._stopping.is_set():
+                return
+            self._record_writer = threading.Thread(target=self._write_stale_records_loop,
+                                                   daemon=True, name="jetwake-job-records")
+            self._record_writer.start()
+
+    def _write_stale_records(self) -> int:
+        """One attempt for every stale record; how many are still stale."""
+        with self._lock:
+            pending = list(self._stale_records)
+        for c in pending:
+            with self._lock:
+                self._stale_records.discard(c)
+            c._save_record()  # on failure it is added again
+        with self._lock:
+            left = len(self._stale_records)
+            if not left:
+                self._record_writer = None
+            return left
+
+    def _write_stale_records_loop(self) -> None:
+        from tenacity import RetryError, Retrying, retry_if_result, wait_exponential
+
+        retrying = Retrying(retry=retry_if_result(lambda left: left > 0),
+                            wait=wait_exponential(multiplier=0.5, max=10.0),
+                            stop=lambda _state: self._stopping.is_set(),
+                            sleep=self._stopping.wait)
+        try:
+            retrying(self._write_stale_records)
+        except RetryError:
+            pass  # the member is shutting down: shutdown() makes the last attempt
+        finally:
+            with self._lock:
+                if self._record_writer is threading.current_thread():
+                    self._record_writer = None
 
     # --- events ----------------------------------------------------------------------------
 
@@ -139,7 +259,17 @@ class Member:
                         f"{existing.status.value}; choose another name or cancel that job")
             coordinator = JobCoordinator(self, new_job_id(), pipeline, config)
             self._jobs[coordinator.job_id] = coordinator
-        coordinator.start(restore="initial")
+        try:
+            coordinator.save_definition()
+        except BaseException as e:
+            # not saved: the job was never submitted (a full disk, say), nothing is left of it
+            with self._lock:
+                self._jobs.pop(coordinator.job_id, None)
+            self.job_records.delete(coordinator.job_id)
+            e.add_note(f"jetwake: the job was not submitted: its definition could not be saved "
+                       f"in {self.data_dir}")
+            raise
+        coordinator.start(restore="initial", persist_definition=False)
         return Job(coordinator)
 
     def _find_by_name(self, name: str) -> JobCoordinator | None:
@@ -193,6 +323,15 @@ class Member:
 
     # --- data ------------------------------------------------------------------------------
 
+    def sync_maps(self) -> None:
+        """Makes every map change made so far durable; a snapshot calls it before its commit
+        record, which may point into a map's journal (a map journal source's position) or
+        count on its contents (a map sink under exactly-once). Raises OSError when a map's
+        log cannot be synced (the snapshot then fails)."""
+        maps = self._maps
+        if maps is not None:
+            maps.sync()
+
     def get_map(self, name: str):
         """The named map (created empty on first use): a Mapping with put/remove/..."""
         return self._maps.get_map(_check_name(name, "a map"))
@@ -215,34 +354,66 @@ class Member:
     def shutdown(self, graceful: bool | None = None) -> None:
         """Stops the member.
 
-        With a data directory (and by default), jobs with a processing guarantee are suspended
-        with a terminal snapshot and marked to resume on the next start; other running jobs
-        are cancelled. Without a data directory running jobs are cancelled.
+        With a data directory (and by default), every job with a processing guarantee that is
+        running, starting or retrying a restart stops so that the next start resumes it: a
+        running one takes a terminal snapshot first (if that fails, it resumes from its last
+        good snapshot). Its record says it was running whatever happens, unless it completes
+        or fails meanwhile. Other running jobs are cancelled; suspended jobs stay suspended.
+        Without a data directory running jobs are cancelled.
+
+        The data directory's lock is released when every job has stopped; if one did not stop
+        within SHUTDOWN_TIMEOUT_S, the lock stays held until this process ends, since that job
+        could still write into the directory.
         """
         if self._shut_down:
             return
         self._shut_down = True
         if graceful is None:
             graceful = self.data_dir is not None
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+        stuck: list[str] = []
         for c in list(self._jobs.values()):
-            if c.status.is_terminal or c.status == JobStatus.SUSPENDED:
-                continue
-            if c.is_stopping:  # already being cancelled or suspended: let it end
-                c.wait_for_status({JobStatus.SUSPENDED, JobStatus.FAILED,
-                                   JobStatus.COMPLETED}, 10)
+            remaining = max(0.0, deadline - time.monotonic())
+            with c._lock:
+                status, stopping = c.status, c.is_stopping
+                user_stop = stopping and c._stop_reason in (_STOP_CANCEL, _STOP_SUSPEND)
+            if status.is_terminal or status in (JobStatus.SUSPENDED,
+                                                JobStatus.SUSPENDED_EXPORTING_SNAPSHOT):
                 continue
             try:
-                if graceful and c.config.snapshots_enabled and c.status == JobStatus.RUNNING:
-                    c.suspend()
-                    c.wait_for_status({JobStatus.SUSPENDED}, 30)
-                    c.mark_resume_on_start()
+                if user_stop:  # already being cancelled or suspended: let it end
+                    ok = c.wait_for_status({JobStatus.SUSPENDED, JobStatus.FAILED,
+                                            JobStatus.COMPLETED}, remaining)
+                elif graceful and c.config.snapshots_enabled:
+                    ok = c.stop_for_shutdown(remaining)
                 else:
                     c.cancel()
-                    c._ended.wait(5)
+                    ok = c.wait_ended(remaining)
             except Exception:  # noqa: BLE001 - shutting down regardless
                 log.exception("stopping job %s", c.name)
+                ok = c.wait_for_status({JobStatus.SUSPENDED, JobStatus.NOT_RUNNING,
+                                        JobStatus.FAILED, JobStatus.COMPLETED}, remaining)
+            if not ok:
+                stuck.append(c.name)
+        self._stopping.set()
         self.execution_service.shutdown()
-        self._maps.close()
+        if self._maps is not None:
+            self._maps.close()
+        writer = self._record_writer
+        if writer is not None:
+            writer.join(5)
+        if self._write_stale_records():
+            with self._lock:
+                names = sorted(c.name for c in self._stale_records)
+            log.error("the job records of %s could not be written (%s); the data directory "
+                      "keeps their earlier status", names,
+                      "; ".join(c.record_error or "" for c in self._stale_records))
+        if stuck:
+            log.error("job(s) %s did not stop within %.0f s; their records say they resume on "
+                      "the next start. The data directory stays locked until this process "
+                      "ends, since they could still write into it", stuck, SHUTDOWN_TIMEOUT_S)
+        elif self._dir_lock is not None:
+            self._dir_lock.release()
 
     def __enter__(self) -> "Member":
         return self

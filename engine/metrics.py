@@ -23,6 +23,8 @@ kept for jobs that are gone):
 ``jetwake_snapshot_entries``           gauge   ... its entry count
 ``jetwake_snapshot_id``                gauge   ... its id
 ``jetwake_snapshots_total``            counter snapshots taken by this member for the job
+``jetwake_snapshot_failures_total``    counter snapshots that could not be written (a full
+                                               disk): rolled back, the job runs on
 =====================================  ======  ===========================================
 
 Labels: ``job`` (name) and ``job_id``; vertex metrics add ``vertex``.
@@ -166,6 +168,10 @@ class JetwakeCollector:
         snap_count = CounterMetricFamily("jetwake_snapshots",
                                          "Snapshots taken of the job by this member",
                                          labels=["job", "job_id"])
+        snap_failures = CounterMetricFamily(
+            "jetwake_snapshot_failures",
+            "Snapshots of the job that could not be written (a full disk, say); each was "
+            "rolled back and the job ran on", labels=["job", "job_id"])
         custom: dict[str, Metric] = {}
 
         for c in coords:
@@ -180,6 +186,7 @@ class JetwakeCollector:
                 snap_entries.add_metric(jl, rec.entry_count)
                 snap_id.add_metric(jl, rec.snapshot_id)
             snap_count.add_metric(jl, c.snapshot_count)
+            snap_failures.add_metric(jl, c.snapshot_failures)
             if c.status.is_terminal:
                 continue
             try:
@@ -222,7 +229,7 @@ class JetwakeCollector:
                 if "kafka_consumer_lag" in g:
                     kafka_lag.add_metric(vl, g["kafka_consumer_lag"])
         yield from (status, restarts, items_in, items_out, fill, wm_lag, kafka_lag, late,
-                    snap_ms, snap_bytes, snap_entries, snap_id, snap_count)
+                    snap_ms, snap_bytes, snap_entries, snap_id, snap_count, snap_failures)
         yield from custom.values()
 
 

@@ -1,4 +1,4 @@
-"""Named key-value maps with an event journal, after Hazelcast's IMap (DESIGN.md §7).
+"""Named key-value maps with an event journal, after Hazelcast's IMap.
 
 A :class:`MapStore` owns the maps of one member. Each :class:`KeyValueMap` is a thread-safe
 mutable mapping whose every change also appends an event to the map's journal: a bounded,
@@ -8,6 +8,14 @@ With a data directory each map is a RocksDB database under ``<data_dir>/maps/<na
 change (or one ``put_all``) is a single WriteBatch holding the entries, the journal events and
 the map's counters, so the contents and the journal never disagree, even after a crash. Without
 a data directory the maps live in memory with the same behaviour.
+
+**Durability.** A write goes to RocksDB's write-ahead log without an fsync: it survives the
+process being killed (the operating system has it) but not a power loss or a kernel crash.
+:meth:`MapStore.sync` makes every write so far durable (an fsync of each changed map's log);
+a job's snapshot calls it before its commit record, because that record may point into a
+journal (a map journal source saves its sequence) or count on a map's contents (a map sink
+under exactly-once is not written again for items before the snapshot). One fsync per changed
+map per snapshot costs far less than a synced write per change.
 
 Keys and values are serialized with :func:`jetwake.engine.serialization.dumps`; reads return
 fresh copies, so mutating a returned value never changes the map. ``None`` is not a value: it
@@ -85,6 +93,8 @@ class _Storage(Protocol):
 
     def events(self, start: int, stop: int) -> list[_RawEvent]: ...
 
+    def sync(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -131,6 +141,9 @@ class _MemoryStorage:
     def events(self, start: int, stop: int) -> list[_RawEvent]:
         return [self._ring[seq % self._capacity] for seq in range(start, stop)]
 
+    def sync(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -144,7 +157,9 @@ class _RocksStorage:
 
     def __init__(self, path: str, capacity: int) -> None:
         os.makedirs(path, exist_ok=True)
+        self._path = path
         self._capacity = capacity
+        self._unsynced = False  # written since the last sync()
         self._db: Rdict | None = Rdict(path, _rocksdb_options())
         self.count = self._meta(_META_COUNT)
         self.next_seq = self._meta(_META_NEXT_SEQ)
@@ -189,6 +204,7 @@ class _RocksStorage:
         batch.put(_META_NEXT_SEQ, _SEQ.pack(next_seq))
         batch.put(_META_OLDEST_SEQ, _SEQ.pack(oldest))
         db.write(batch)
+        self._unsynced = True
         self.count, self.next_seq, self.oldest_seq = count, next_seq, oldest
 
     def entries(self, partitions: list[int] | None) -> Iterator[tuple[bytes, bytes]]:
@@ -216,6 +232,23 @@ class _RocksStorage:
         read_opt.set_iterate_upper_bound(_JOURNAL + _SEQ.pack(stop))
         items = self._open_db().items(from_key=_JOURNAL + _SEQ.pack(start), read_opt=read_opt)
         return [tuple(loads(raw)) for _, raw in items]
+
+    def take_unsynced(self) -> bool:
+        """Whether anything was written since the last sync; clears the flag (the caller holds
+        the map's lock, then syncs outside it)."""
+        unsynced, self._unsynced = self._unsynced, False
+        return unsynced
+
+    def sync(self) -> None:
+        """Flushes and fsyncs the write-ahead log: every write so far survives a power loss."""
+        db = self._db
+        if db is None:
+            return
+        try:
+            db.flush_wal(True)
+        except Exception as e:  # RocksDB reports I/O errors as plain exceptions
+            self._unsynced = True
+            raise OSError(f"syncing the log of map {self._path} failed: {e}") from e
 
     def close(self) -> None:
         db, self._db = self._db, None
@@ -490,6 +523,18 @@ class KeyValueMap(MutableMapping):
                 lambda: self._closed or self._storage.next_seq > after_seq, timeout_s)
             return not self._closed and self._storage.next_seq > after_seq
 
+    def sync(self) -> None:
+        """Make every change so far durable (see :meth:`MapStore.sync`)."""
+        with self._lock:
+            if self._closed:
+                return
+            take = getattr(self._storage, "take_unsynced", None)
+            if take is not None and not take():
+                return  # nothing written since the last sync
+        # outside the lock: writers go on while the log is synced; what they add is synced
+        # now or flagged for the next sync (a failed sync flags the map again)
+        self._storage.sync()
+
     def close(self) -> None:
         """Close the storage; :meth:`MapStore.close` calls it."""
         with self._changed:
@@ -561,6 +606,15 @@ class MapStore:
         if self._root is not None and os.path.isdir(self._root):
             names.update(e.name for e in os.scandir(self._root) if e.is_dir())
         return sorted(names)
+
+    def sync(self) -> None:
+        """Makes every change made so far to any map durable: an fsync of the write-ahead log
+        of each map changed since the last sync (nothing for maps in memory). Raises OSError
+        when a log cannot be synced (a full disk); the map is synced at the next call."""
+        with self._lock:
+            maps = list(self._maps.values())
+        for kv in maps:
+            kv.sync()
 
     def close(self) -> None:
         """Close every map; the store and its maps are unusable afterwards."""
