@@ -1,4 +1,4 @@
-"""Keyed state for stateful processors (DESIGN.md §3).
+"""Keyed state for stateful processors.
 
 A stateful processor keeps one value per key. The backend stores each entry under
 ``partition id (2 bytes, big-endian) + dumps(key)``, so the entries of one partition are a
@@ -49,7 +49,6 @@ __all__ = [
 ]
 
 _PREFIX = struct.Struct(">H")
-_COUNT = struct.Struct(">Q")
 _COUNTS = struct.Struct(f">{PARTITION_COUNT}Q")
 # partition ids stop at 270, so no entry key starts with 0xFFFF: room for the backend's own keys
 _META_PREFIX = b"\xff\xff"
@@ -262,7 +261,8 @@ class RocksDBStateBackend(KeyedStateBackend):
     in one small WriteBatch.
 
     Guarantees: after :meth:`flush` returns, every change made before it is on disk (synced
-    WAL), written in one atomic batch together with the entry count. A crash afterwards leaves
+    WAL), written in one atomic batch together with the entry counts; after :meth:`checkpoint`
+    returns, every change before it is in synced SST files. A crash afterwards leaves
     the state of that flush plus, possibly, some later changes that left the cache early:
     exactly-once recovery therefore restores state from the snapshot, not from this directory.
     Opening an existing ``path`` reopens its state.
@@ -286,8 +286,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         # entries on disk per partition: written in every batch, so a restore that keeps some
         # partitions of a saved database knows their exact count without reading them
         self._disk_counts = _read_counts(self._db)
-        self._disk_count = sum(self._disk_counts)
-        self._count = self._disk_count
+        self._count = sum(self._disk_counts)
         self._sync = WriteOptions()
         self._sync.sync = True
         self._no_wal = WriteOptions()
@@ -395,7 +394,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._dirty.clear()
         self._cached = 0
         self._disk_counts = counts
-        self._count = self._disk_count = 0
+        self._count = 0
 
     def flush(self) -> None:
         """Write every cached change and the entry count in one synced, atomic WriteBatch."""
@@ -491,7 +490,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         # one synced write: the counts, and with the log every copied entry before them
         db.put(_META_COUNTS, _COUNTS.pack(*counts), self._sync)
         self._disk_counts = counts
-        self._count = self._disk_count = sum(counts)
+        self._count = sum(counts)
 
     def _copy_partitions(self, db: Rdict, files: SnapshotFiles, parts: list[int],
                          counts: list[int]) -> None:
@@ -601,7 +600,6 @@ class RocksDBStateBackend(KeyedStateBackend):
         else:
             db.write(batch, options)
         self._disk_counts = counts
-        self._disk_count = sum(counts)
         for _, entry in dirty:
             entry.on_disk = entry.value is not _ABSENT
             entry.dirty = False

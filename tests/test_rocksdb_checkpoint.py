@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import pytest
 
+from jetwake import (
+    AggregateOperations, BroadcastKey, JobConfig, Member, Pipeline, Processor,
+    ProcessorMetaSupplier, Sinks, Source,
+)
 from jetwake.engine.partitioning import PARTITION_COUNT, partition_of, partitions_of_processor
 from jetwake.engine.serialization import dumps, loads
 from jetwake.snapshot.rocksdb_checkpoint import read_checkpoint_entries, restore_keyed_state
@@ -377,11 +382,6 @@ def test_a_database_written_before_per_partition_counts_reopens_with_exact_count
 
 # --- through a real job -------------------------------------------------------------------------
 
-from jetwake import (  # noqa: E402 - the job-level tests below need the public API
-    AggregateOperations, BroadcastKey, JobConfig, Member, Pipeline, Processor,
-    ProcessorMetaSupplier, Sinks, Source,
-)
-
 KEYS = 200
 LIMIT = 12_000
 
@@ -436,7 +436,6 @@ def _config(**kwargs) -> JobConfig:
 
 
 def _wait_counted(job, n: int, timeout: float = 60) -> None:
-    import time
     deadline = time.monotonic() + timeout
     while job.metrics().get("counter", {}).get("items_in", 0) < n:
         assert time.monotonic() < deadline, f"the counter did not receive {n} items"
@@ -486,10 +485,6 @@ def test_rocksdb_files_restore_into_another_parallelism_with_every_key_once(
         assert dict(m.get_map("counts").items()) == _expected()
 
 
-def _sst_inodes_under(directory) -> set[int]:
-    return set(_sst_inodes(directory))
-
-
 def test_snapshots_of_state_changed_in_place_each_restore_their_own_cut(tmp_path):
     gate = [LIMIT // 4]
     with Member(tmp_path) as m:
@@ -500,8 +495,8 @@ def test_snapshots_of_state_changed_in_place_each_restore_their_own_cut(tmp_path
         _wait_counted(job, LIMIT // 2)
         job.export_snapshot("late")
         job.cancel()
-        early = _sst_inodes_under(tmp_path / "exports" / "early")
-        late = _sst_inodes_under(tmp_path / "exports" / "late")
+        early = set(_sst_inodes(tmp_path / "exports" / "early"))
+        late = set(_sst_inodes(tmp_path / "exports" / "late"))
         assert early & late, "the later snapshot does not reuse the SST files of the earlier"
         for name in ("early", "late"):
             m.new_job(counting_pipeline([LIMIT], "map_stateful", f"counts-{name}"),
@@ -516,12 +511,12 @@ def test_retention_deletes_old_snapshots_and_the_newest_still_restores(tmp_path)
         _wait_counted(job, LIMIT // 2)
         snaps = tmp_path / "jobs" / job.id / "snapshots"
         first = job.take_snapshot()
-        first_ssts = _sst_inodes_under(snaps / str(first.snapshot_id))
+        first_ssts = set(_sst_inodes(snaps / str(first.snapshot_id)))
         newest = None
         for _ in range(3):
             newest = job.take_snapshot()
         assert not (snaps / str(first.snapshot_id)).exists(), "retention kept the first"
-        assert first_ssts & _sst_inodes_under(snaps / str(newest.snapshot_id)), \
+        assert first_ssts & set(_sst_inodes(snaps / str(newest.snapshot_id))), \
             "the newest snapshot should share the first one's unchanged SST files"
         job.restart()
         gate[0] = LIMIT
