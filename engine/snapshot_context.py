@@ -50,6 +50,7 @@ class SnapshotContext:
         self._ended: set[int] = set()
         # (vertex, processor) -> encoded frames of final state: (frame, count, attachments)
         self._final: dict[tuple[str, int], list[tuple[bytes, int, list]]] = {}
+        self._completed: dict[str, set[int]] = {}  # vertex -> indices that completed
         self._cond = threading.Condition()
         self._in_progress = False
         self.error: BaseException | None = None
@@ -67,6 +68,10 @@ class SnapshotContext:
             for (vertex, proc), frames in self._final.items():
                 for frame, count, attachments in frames:
                     writer.add_encoded(vertex, proc, frame, count, attachments)
+            rec = writer.record
+            for t in self._tasklets:
+                rec.parallelism[t.context.vertex_name] = t.context.total_parallelism
+            rec.completed = {v: sorted(ixs) for v, ixs in self._completed.items()}
             self._in_progress = True
             self.requested_id = snapshot_id  # last: tasklets start on seeing it
 
@@ -158,6 +163,16 @@ class SnapshotContext:
                 out.append(v)
             values = out
         return encode_frame([e[0] for e in entries], values), len(entries), attachments
+
+    def final_state_saved(self, tasklet: "ProcessorTasklet") -> None:
+        """``tasklet`` completed and saved its final state: later snapshots record it as
+        completed, so that a restore does not run it (and emit its results) again."""
+        vertex, index = tasklet.context.vertex_name, tasklet.context.global_processor_index
+        with self._cond:
+            self._completed.setdefault(vertex, set()).add(index)
+            writer = self._writer
+            if self._in_progress and id(tasklet) not in self._phase1 and writer is not None:
+                writer.record.completed.setdefault(vertex, []).append(index)
 
     def phase1_done(self, tasklet: "ProcessorTasklet", snapshot_id: int) -> None:
         with self._cond:

@@ -3,6 +3,8 @@
 Each saved entry goes to the processor that owns the partition of its key in the new layout;
 an entry under a :class:`BroadcastKey` goes to every processor of its vertex. State is matched
 to vertices by name, so a changed pipeline restores if its stateful stages keep their names.
+A vertex all of whose processors had completed when the snapshot was taken does not run again:
+its processors are restored and end at once, so they never emit their results a second time.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ def restore_state(tasklets: list[ProcessorTasklet], reader: "SnapshotReader",
                         routed[owner].append((key, value))
             for t, mine in zip(procs, routed):
                 _restore_one(t, mine)
+    for t in tasklets:
+        if reader.record.vertex_completed(t.context.vertex_name):
+            t.restore_completed()
     for t in tasklets:
         for _ in range(1_000_000):
             if t.processor.finish_snapshot_restore():

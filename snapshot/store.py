@@ -76,6 +76,15 @@ class CommitRecord:
     name: str | None = None  # set for exported snapshots
     terminal: bool = False
     format: int = 1  # records written before the framed format have no such field
+    # vertex -> global indices of its processors that had completed, and vertex -> its
+    # processor count: a vertex all of whose processors completed is not run again on restore
+    completed: dict[str, list[int]] = field(default_factory=dict)
+    parallelism: dict[str, int] = field(default_factory=dict)
+
+    def vertex_completed(self, vertex: str) -> bool:
+        """Whether every processor of ``vertex`` had completed when this snapshot was taken."""
+        total = self.parallelism.get(vertex)
+        return bool(total) and len(set(self.completed.get(vertex, ()))) >= total
 
     @property
     def entry_count(self) -> int:

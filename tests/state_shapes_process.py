@@ -3,6 +3,10 @@ exactly-once kill tests (run as a script; the tests SIGKILL it).
 
     python tests/state_shapes_process.py DATA_DIR SHAPE EVENTS BACKEND [check]
 
+The "kafka_*" shapes read the topic ``$STATE_IN_TOPIC`` and write ``$STATE_OUT_TOPIC`` with the
+exactly-once Kafka sink, on the broker ``$KAFKA_BOOTSTRAP_SERVERS``; the test produces the input
+events and reads the output itself.
+
 It opens a Member on DATA_DIR, writes EVENTS events ``(i, i)`` into the map "in" (continuing
 after what a killed process already wrote) and makes sure the job "shape" exists:
 ``Sources.map_journal("in")`` -> the SHAPE's stateful stage -> ``Sinks.map("out")``, exactly-once,
@@ -20,8 +24,8 @@ import time
 from typing import Any, Callable
 
 from jetwake import (
-    AggregateOperation, AggregateOperations, JobConfig, Member, Pipeline, Sinks, Sources,
-    WindowDefinition,
+    AggregateOperation, AggregateOperations, JobConfig, Member, Pipeline, Processor, Sinks,
+    Sources, WindowDefinition,
 )
 
 KEYS = 13
@@ -92,12 +96,45 @@ def window_to_list(p: Pipeline) -> Any:
             .map(lambda r: ((r.key, r.end), sorted(x[1] for x in r.result))))
 
 
+class SlowPassThrough(Processor):
+    """Forwards items at about 5,000 a second. Downstream of the stateful stage it keeps a
+    backlog in front of the sink, so each snapshot's barrier reaches the sink well after the
+    stateful stage saved its state and went on changing it: the window in which state saved
+    by reference would leak into the snapshot."""
+
+    def process(self, ordinal: int, inbox: Any) -> None:
+        if not self.outbox.has_room():
+            return
+        items = inbox.drain()
+        time.sleep(0.0002 * len(items))
+        self.outbox.offer_chunk(-1, items)
+
+
+def _throttled(e: Any) -> Any:
+    time.sleep(0.0002)  # Kafka input is all there at once: keep the state changing for seconds
+    return e
+
+
+def _kafka_counter(state: list, key: str, e: tuple) -> tuple:
+    state[0] += 1  # the issue's shape: a one-element list counter changed in place
+    return key, str(state[0])
+
+
+def kafka_map_stateful_list(p: Pipeline) -> Any:
+    props = {"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"]}
+    return (p.read_from(Sources.kafka(os.environ["STATE_IN_TOPIC"], props,
+                                      key_deserializer="str", value_deserializer="str"))
+            .map(_throttled).group_by(lambda kv: kv[0])
+            .map_stateful(lambda: [0], _kafka_counter))
+
+
 SHAPES: dict[str, Callable[[Pipeline], Any]] = {
     "rolling_all_of": rolling_all_of,
     "rolling_to_list": rolling_to_list,
     "rolling_dict_accumulator": rolling_dict_accumulator,
     "map_stateful_list": map_stateful_list,
     "window_to_list": window_to_list,
+    "kafka_map_stateful_list": kafka_map_stateful_list,
 }
 
 
@@ -129,19 +166,27 @@ def main() -> None:
     data_dir, shape, events, backend = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     check = len(sys.argv) > 5 and sys.argv[5] == "check"
     member = Member(data_dir)
+    kafka = shape.startswith("kafka_")
     if member.get_job(shape) is None:
         p = Pipeline()
-        SHAPES[shape](p).write_to(Sinks.map("out"))
+        if kafka:
+            SHAPES[shape](p).write_to(Sinks.kafka(
+                os.environ["STATE_OUT_TOPIC"],
+                {"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"]},
+                key_serializer="str", value_serializer="str"))
+        else:
+            (SHAPES[shape](p).custom_transform("slow-pass-through", SlowPassThrough)
+             .write_to(Sinks.map("out")))
         member.new_job(p, JobConfig(name=shape, processing_guarantee="exactly_once",
                                     snapshot_interval_ms=150, state_backend=backend))
-    source = member.get_map("in")
-    for i in range(len(source), events):
+    source = member.get_map("in") if not kafka else {}
+    for i in range(len(source), events if not kafka else 0):
         source.put(i, i)
         if i % 20 == 0:
             # about 4,000 events a second: state keeps changing while snapshots are taken
             # and while the process is killed
             time.sleep(0.005)
-    if not check:
+    if not check or kafka:  # the test reads the Kafka output itself
         while True:
             time.sleep(1)
     want = expected(shape, events)

@@ -236,8 +236,15 @@ class ProcessorTasklet:
         if entries:
             self.snapshot.store_final(self, entries)  # type: ignore[union-attr]
         if done:
+            self.snapshot.final_state_saved(self)  # type: ignore[union-attr]
             self._state = _EMIT_DONE
         return True
+
+    def restore_completed(self) -> None:
+        """The restored snapshot says every processor of this vertex had completed: this one
+        does not run again (its results were emitted before that snapshot); it only saves its
+        restored state for later snapshots and ends."""
+        self._state = _SAVE_FINAL if self.snapshot is not None else _EMIT_DONE
 
     def _save_snapshot(self) -> bool:
         proc = self.processor
