@@ -643,7 +643,9 @@ class JobCoordinator:
         say): that snapshot is rolled back and removed, the previous one stays valid, and the
         job runs on. Raises :class:`RestartableError` when phase 1 or phase 2 did not complete
         everywhere in time: the job must restart from its last committed snapshot (a committed
-        snapshot whose phase 2 did not finish is completed by the restore).
+        snapshot whose phase 2 did not finish is completed by the restore). A snapshot that
+        committed while the execution was being stopped is returned: the next execution
+        restores it and completes its phase 2.
         """
         with self._snapshot_lock:
             with self._lock:
@@ -691,10 +693,7 @@ class JobCoordinator:
             self.last_snapshot = rec
             self.snapshot_count += 1
             self.last_snapshot_error = None
-            if not phase2_ok:
-                if execution.cancelled:
-                    raise JobStateError(f"job '{self.name}' stopped during phase 2 of snapshot "
-                                        f"{sid}")
+            if not phase2_ok and not execution.cancelled:
                 raise RestartableError(
                     f"snapshot {sid} of job '{self.name}' is committed but its phase 2 did not "
                     f"complete within {PHASE_TIMEOUT_S:.0f} s; restarting from it completes it")

@@ -168,3 +168,23 @@ def test_ttl_must_be_positive():
     stage = p.read_from(Sources.items([(1, 1)])).with_timestamps(lambda e: e[0], 0)
     with pytest.raises(PipelineError, match="positive"):
         stage.group_by(lambda x: x).map_stateful(lambda: [0], lambda s, k, x: x, ttl=0)
+
+
+def _append(acc: list, e) -> list:
+    acc.append(e[2])  # a mutable accumulator, changed in place
+    return acc
+
+
+def test_rolling_results_do_not_change_when_the_accumulator_does_afterwards():
+    from jetwake import AggregateOperation
+    evs = events(n=300, keys=3)
+    p = Pipeline()
+    (p.read_from(Sources.items(evs))
+      .group_by(lambda e: e[1])
+      .rolling_aggregate(AggregateOperation(list, _append))  # default export: the accumulator
+      .write_to(Sinks.list("out")))
+    out, _ = run(p, "out")
+    seen: dict = defaultdict(list)
+    for k, result in out:
+        assert len(result) == len(seen[k]) + 1, "an emitted result kept growing"
+        seen[k] = result

@@ -13,6 +13,8 @@ tuples, dicts, sets) or registered with :func:`jetwake.register_type`.
 
 from __future__ import annotations
 
+import copy
+
 from collections import _count_elements  # type: ignore[attr-defined]  # C-accelerated
 from typing import Any, Callable, Iterable
 
@@ -28,6 +30,11 @@ def _require_callable(fn: Any, what: str) -> None:
 
 def _identity(x: Any) -> Any:
     return x
+
+
+# accumulators of these types cannot change in place, so a result may be the accumulator itself
+_IMMUTABLE_ACCS = frozenset((int, float, complex, bool, str, bytes, tuple, frozenset,
+                             type(None)))
 
 
 class AggregateOperation:
@@ -50,6 +57,18 @@ class AggregateOperation:
         self.deduct = deduct
         self.export = export or _identity
         self.finish = finish or self.export
+
+    def detached_export(self, sample_acc: Any) -> Callable[[Any], Any]:
+        """``export``, or, when export is the default (the accumulator itself) and the
+        accumulator can change in place, a function that returns a copy. A result emitted while
+        the accumulator lives on (rolling and early results, sliding windows) must not change
+        when the accumulator does afterwards."""
+        if self.export is not _identity or type(sample_acc) in _IMMUTABLE_ACCS:
+            return self.export
+        if self.combine is not None:
+            create, combine = self.create, self.combine
+            return lambda a: combine(create(), a)
+        return copy.deepcopy
 
     @property
     def can_combine(self) -> bool:

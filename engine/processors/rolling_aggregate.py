@@ -27,6 +27,8 @@ class RollingAggregateProcessor(EventTimeProcessor):
         self.key_fn = key_fn
         self.timestamped = timestamped
         self.accs: dict = {}
+        # each result is emitted while its accumulator lives on: never the accumulator itself
+        self._export = op.detached_export(op.create())
 
     def init(self, context) -> None:
         super().init(context)
@@ -38,7 +40,7 @@ class RollingAggregateProcessor(EventTimeProcessor):
             return
         items = inbox.drain()
         op = self.op
-        create, accumulate, export = op.create, op.accumulate, op.export
+        create, accumulate, export = op.create, op.accumulate, self._export
         accs = self.accs
         get = accs.get
         key_fn = self.key_fn

@@ -131,8 +131,10 @@ class SessionWindowProcessor(_WindowBase):
         if not self._flush():
             return False
         if self._early_results_due():
-            export = self.op.export
+            detached = self.op.detached_export
             keyed = self.key_fn is not None
+            # the sessions live on after their early results: emit copies
+            export = lambda a: detached(a)(a)  # noqa: E731
             self._emit([KeyedWindowResult(s[0], s[1], k, export(s[2]), True) if keyed
                         else WindowResult(s[0], s[1], export(s[2]), True)
                         for k, ss in self.sessions.items() for s in ss])

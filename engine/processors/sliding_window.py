@@ -44,8 +44,6 @@ _WM_KEY = "window-watermark"
 _new = tuple.__new__
 _KWR = KeyedWindowResult
 _WR = WindowResult
-# accumulators of these types cannot change in place, so a result may be the accumulator itself
-_IMMUTABLE_ACCS = frozenset((int, float, complex, bool, str, bytes, type(None)))
 
 
 def composite_operation(ops: Sequence[AggregateOperation]) -> AggregateOperation:
@@ -316,13 +314,8 @@ class WindowCombineProcessor(_WindowBase):
                 for f in self._frames_in(start, e):
                     self._add(frames[f])
             self.win_end = e
-            export = op.export
-            if export is _identity and win and \
-                    type(next(iter(win.values()))[0]) not in _IMMUTABLE_ACCS:
-                # the window's accumulators change in place as it slides: emit copies, or
-                # the results already emitted would change with the next window
-                create, combine = op.create, op.combine
-                export = lambda a: combine(create(), a)  # noqa: E731
+            # the window's accumulators change in place as it slides: a result must not
+            export = op.detached_export(next(iter(win.values()))[0]) if win else op.export
             if self.keyed:
                 if export is _identity:
                     return [_new(_KWR, (start, e, k, v[0])) for k, v in win.items()]
@@ -493,6 +486,8 @@ class SlidingWindowProcessor(_WindowBase):
             size = self.size
             for e in sorted(self.windows):
                 table = self.windows[e]
+                if table:  # early results: the window's accumulators live on
+                    export = self.op.detached_export(next(iter(table.values())))
                 if self.key_fn is not None:
                     self._emit([KeyedWindowResult(e - size, e, k, export(a), True)
                                 for k, a in table.items()])
