@@ -24,6 +24,9 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -33,6 +36,8 @@ from .meta_supplier import (
     MetaSupplierContext, ProcessorMetaSupplier, ProcessorSupplier, SupplierContext,
 )
 from .partitioning import partition_of, partitions_of_processor, processor_partition_table
+from ..snapshot.snapshot_files import SnapshotFiles, load_files, save_files
+from ..snapshot.store import _FilesRef
 from .processor import BroadcastKey, Inbox, Outbox, Processor, ProcessorContext
 from .serialization import SerializationError, dumps, loads
 
@@ -347,6 +352,7 @@ class _Run:
         self.limits: list[int] | None = None  # expected output lengths, when compared by ==
         self.supplier: ProcessorSupplier | None = None
         self.factory: Callable[[], Any] = self._factory()
+        self._files_dir: str | None = None  # saved SnapshotFiles (RocksDB checkpoints)
 
     # --- set-up -----------------------------------------------------------------------------
 
@@ -510,6 +516,8 @@ class _Run:
             finally:
                 if self.supplier is not None:
                     self.supplier.close(None)
+                if self._files_dir is not None:
+                    shutil.rmtree(self._files_dir, ignore_errors=True)
         return self.outputs
 
     def _feed(self) -> None:
@@ -612,6 +620,9 @@ class _Run:
         saved: list[tuple[Any, Any]] = []
         for blob in blobs:
             keys, values = loads(blob)
+            if any(type(v) is _FilesRef for v in values):
+                values = [load_files(v.manifest, v.path) if type(v) is _FilesRef else v
+                          for v in values]
             saved.extend(zip(keys, values))
         return saved
 
@@ -648,11 +659,20 @@ class _Run:
             if type(entry) is not tuple or len(entry) != 2:
                 raise AssertionError(f"{self.name} {self.mode.description}: snapshot entry {i} "
                                      f"is {_short(entry)}, not a (key, value) tuple")
+        values = [self._save_files(v) if type(v) is SnapshotFiles else v for _, v in entries]
         try:
-            return dumps([[k for k, _ in entries], [v for _, v in entries]])
+            return dumps([[k for k, _ in entries], values])
         except SerializationError as e:
             raise AssertionError(f"{self.name} {self.mode.description}: the state saved by "
                                  f"save_to_snapshot() cannot be serialized: {e}") from e
+
+    def _save_files(self, value: SnapshotFiles) -> _FilesRef:
+        """Files saved as state (a RocksDB checkpoint) are linked away at once, as the snapshot
+        store does: a restore gets them from there, read-only."""
+        if self._files_dir is None:
+            self._files_dir = tempfile.mkdtemp(prefix="jetwake-verify-")
+        path = os.path.join(self._files_dir, str(len(os.listdir(self._files_dir))))
+        return _FilesRef(path, save_files(value, path))
 
     def _restore(self, entries: list[tuple[Any, Any]]) -> None:
         """Gives a fresh processor the entries a job restore would route to it."""
