@@ -1,12 +1,13 @@
 """A member process for fault-injection tests (run as a script; the tests SIGKILL it).
 
-    python tests/member_process.py DATA_DIR EVENTS GUARANTEE [check]
+    python tests/member_process.py DATA_DIR EVENTS GUARANTEE [check] [rocksdb]
 
 It opens a Member on DATA_DIR, feeds EVENTS events into the map "in" (continuing after what a
 previous, killed, process already wrote), and makes sure the job "sums" exists: map_journal("in")
 -> a keyed running (sum, count) per key -> Sinks.map("out"). Restarted on the same directory,
 the job resumes from its last snapshot by itself. With "check" it waits until the output is
-complete, writes it as JSON to DATA_DIR/result.json and exits cleanly.
+complete, writes it as JSON to DATA_DIR/result.json and exits cleanly. With "rocksdb" the
+running sums are keyed state in RocksDB (``map_stateful`` with state_backend="rocksdb").
 """
 
 from __future__ import annotations
@@ -22,14 +23,20 @@ from snapshot_fixtures import RunningSum  # this script's folder is on sys.path
 KEYS = 13
 
 
-def build_pipeline() -> Pipeline:
+def build_pipeline(rocksdb: bool = False) -> Pipeline:
     p = Pipeline()
     # "current": a restart that failed to restore the saved position would miss events
-    (p.read_from(Sources.map_journal("in", start="current"))
-      .map(lambda e: (e[0] % KEYS, e[1]))
-      .rebalance(lambda e: e[0])
-      .custom_transform("running-sum", RunningSum)
-      .write_to(Sinks.map("out")))
+    keyed = (p.read_from(Sources.map_journal("in", start="current"))
+             .map(lambda e: (e[0] % KEYS, e[1])))
+    if rocksdb:
+        def add(state: list, key, item):
+            state[0] += item[1]
+            state[1] += 1
+            return (key, (state[0], state[1]))
+        sums = keyed.group_by(lambda e: e[0]).map_stateful(lambda: [0, 0], add)
+    else:
+        sums = keyed.rebalance(lambda e: e[0]).custom_transform("running-sum", RunningSum)
+    sums.write_to(Sinks.map("out"))
     return p
 
 
@@ -43,11 +50,13 @@ def expected(events: int) -> dict:
 
 def main() -> None:
     data_dir, events, guarantee = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    check = len(sys.argv) > 4 and sys.argv[4] == "check"
+    check = "check" in sys.argv[4:]
+    rocksdb = "rocksdb" in sys.argv[4:]
     member = Member(data_dir, local_parallelism=2)
     if member.get_job("sums") is None:
-        member.new_job(build_pipeline(), JobConfig(
-            name="sums", processing_guarantee=guarantee, snapshot_interval_ms=100))
+        member.new_job(build_pipeline(rocksdb), JobConfig(
+            name="sums", processing_guarantee=guarantee, snapshot_interval_ms=100,
+            state_backend="rocksdb" if rocksdb else "memory"))
     source = member.get_map("in")
     for i in range(len(source), events):
         source.put(i, i)

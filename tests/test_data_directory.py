@@ -97,3 +97,48 @@ def test_a_job_running_when_its_member_stopped_resumes_with_its_snapshot(tmp_pat
         job = m.get_job(job_id)
         assert job.status == JobStatus.RUNNING
         job.cancel()
+
+
+def rocksdb_rolling(limit: int | None):
+    from jetwake import AggregateOperations, Pipeline, Sinks
+    from snapshot_fixtures import counting_source
+
+    p = Pipeline()
+    (p.read_from(counting_source(limit))
+      .group_by(lambda x: x % 10)
+      .rolling_aggregate(AggregateOperations.counting())
+      .write_to(Sinks.map("counts")))
+    return p
+
+
+def rocksdb_config(name: str) -> JobConfig:
+    return JobConfig(name=name, processing_guarantee="exactly_once", snapshot_interval_ms=50,
+                     state_backend="rocksdb")
+
+
+def test_a_completed_jobs_rocksdb_state_is_removed(tmp_path):
+    with Member(tmp_path) as m:
+        job = m.new_job(rocksdb_rolling(2000), rocksdb_config("done"))
+        job.join(60)
+        assert dict(m.get_map("counts").items()) == {k: 200 for k in range(10)}
+        assert not os.path.exists(tmp_path / "state" / job.id)
+
+
+def test_a_cancelled_jobs_rocksdb_state_is_removed(tmp_path):
+    with Member(tmp_path) as m:
+        job = m.new_job(rocksdb_rolling(None), rocksdb_config("endless"))
+        wait_for_snapshot(job)
+        assert os.listdir(tmp_path / "state" / job.id), "the running job keeps state there"
+        job.cancel()
+        assert not os.path.exists(tmp_path / "state" / job.id)
+
+
+def test_a_restarted_jobs_previous_rocksdb_state_is_removed(tmp_path):
+    with Member(tmp_path) as m:
+        job = m.new_job(rocksdb_rolling(None), rocksdb_config("endless"))
+        wait_for_snapshot(job)
+        before = set(os.listdir(tmp_path / "state" / job.id))
+        job.restart()
+        after = set(os.listdir(tmp_path / "state" / job.id))
+        assert len(after) == 1 and not after & before
+        job.cancel()

@@ -3,6 +3,7 @@ and restarted on its data directory; the keyed state must count every event exac
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
@@ -20,7 +21,7 @@ EVENTS = 6000
 
 
 def start(data_dir: str, *, crash_at: str | None = None, check: bool = False,
-          guarantee: str = "exactly_once") -> subprocess.Popen:
+          guarantee: str = "exactly_once", rocksdb: bool = False) -> subprocess.Popen:
     env = dict(os.environ)
     env.pop("JETWAKE_CRASH_AT", None)
     if crash_at:
@@ -28,6 +29,8 @@ def start(data_dir: str, *, crash_at: str | None = None, check: bool = False,
     args = [sys.executable, SCRIPT, data_dir, str(EVENTS), guarantee]
     if check:
         args.append("check")
+    if rocksdb:
+        args.append("rocksdb")
     return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -37,8 +40,8 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait(10)
 
 
-def final_result(data_dir: str) -> dict:
-    proc = start(data_dir, check=True)
+def final_result(data_dir: str, rocksdb: bool = False) -> dict:
+    proc = start(data_dir, check=True, rocksdb=rocksdb)
     try:
         _, err = proc.communicate(timeout=120)
     finally:
@@ -88,3 +91,41 @@ def test_job_resumes_by_itself_when_the_member_restarts(tmp_path):
         kill(proc)
     result = final_result(data_dir)  # the check run submits nothing: the job record resumes
     assert_exact(result)
+
+
+def execution_dirs(data_dir: str) -> set[str]:
+    """The RocksDB working state directories of executions (state/<job id>/execution-*)."""
+    return set(glob.glob(os.path.join(data_dir, "state", "*", "execution-*")))
+
+
+def wait_until(condition, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_rocksdb_state_left_by_a_killed_member_is_removed_at_the_next_start(tmp_path):
+    data_dir = str(tmp_path / "member")
+    committed = os.path.join(data_dir, "jobs", "*", "snapshots", "*", "COMMIT")
+    proc = start(data_dir, rocksdb=True)
+    try:
+        wait_until(lambda: glob.glob(committed) and execution_dirs(data_dir),
+                   "a snapshot and the job's RocksDB state")
+    finally:
+        kill(proc)
+    leftovers = execution_dirs(data_dir)
+    assert leftovers, "SIGKILL left the execution's state behind"
+
+    proc = start(data_dir, rocksdb=True)
+    try:
+        wait_until(lambda: execution_dirs(data_dir) - leftovers, "the resumed execution's state")
+        assert not execution_dirs(data_dir) & leftovers, "the crashed execution's state is gone"
+    finally:
+        kill(proc)
+
+    assert_exact(final_result(data_dir, rocksdb=True))  # restored from snapshots, not leftovers
+    assert execution_dirs(data_dir) == set(), "a clean shutdown leaves no working state"
