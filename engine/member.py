@@ -99,9 +99,10 @@ class Member:
         #: job id -> why its record could not be turned into a job at this start (the record
         #: is kept as it is, so a start with the problem fixed resumes it)
         self.recovery_errors: dict[str, str] = {}
-        self.execution_service = ExecutionService(threads)
+        self.execution_service: ExecutionService | None = None
         self._maps = None
         try:
+            self.execution_service = ExecutionService(threads)
             self._maps = MapStore(self.data_dir, journal_capacity=journal_capacity)
             self.snapshot_store = SnapshotStore(self.data_dir)
             self.job_records = JobRecordStore(self.data_dir)
@@ -118,7 +119,8 @@ class Member:
         self._stopping.set()
         for c in list(self._jobs.values()):
             c._retry_stop.set()
-        self.execution_service.shutdown()
+        if self.execution_service is not None:
+            self.execution_service.shutdown()
         if self._maps is not None:
             self._maps.close()
         if self._dir_lock is not None:
