@@ -278,10 +278,16 @@ class SnapshotWriter:
         return _FilesRef(rel, manifest)
 
     def _close_streams(self) -> None:
+        """Closes every data file; a close that fails (buffered data on a full disk) does not
+        keep the others open: the snapshot is already failed or about to be removed."""
         self._closed = True
         for stream in self._streams.values():
             if stream.file is not None and not stream.file.closed:
-                stream.file.close()
+                try:
+                    stream.file.close()
+                except OSError as e:
+                    if self.error is None:
+                        self.error = e
 
     def commit(self) -> CommitRecord:
         """Syncs the data and writes the commit record (the commit point); raises the first

@@ -194,12 +194,6 @@ def test_a_snapshot_whose_commit_record_cannot_be_written_leaves_nothing_behind(
         job.cancel()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "snapshot/store.py: SnapshotWriter._close_streams stops at the first file whose close() "
-    "raises (a buffered frame it cannot flush on a full disk); commit() calls it in a finally, "
-    "so the other streams stay open and abort() raises ENOSPC from the next close() before it "
-    "removes the snapshot. In a job the snapshot thread then fails the job. Fix in the store: "
-    "close every stream, ignoring OSError from close(), in _close_streams"))
 def test_a_snapshot_whose_data_cannot_be_flushed_is_removed_by_abort(disk):
     from jetwake.snapshot.store import SnapshotStore
 
