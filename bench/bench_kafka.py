@@ -140,8 +140,9 @@ def engine_map(bootstrap: str, tin: str) -> float:
 def engine_window(bootstrap: str, tin: str) -> float:
     from confluent_kafka.admin import AdminClient
 
-    from jetwake import (AggregateOperations, JobConfig, Member, Pipeline, Sinks, Sources,
-                         WindowDefinition)
+    from jetwake import (
+        AggregateOperations, JobConfig, Member, Pipeline, Sinks, Sources, WindowDefinition,
+    )
 
     from confluent_kafka import Consumer, TopicPartition
 

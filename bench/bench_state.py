@@ -17,10 +17,10 @@ import sys
 import tempfile
 from typing import Callable
 
-from jetwake.engine.partitioning import PARTITION_COUNT
-from jetwake.engine.serialization import dumps
-from jetwake.snapshot.snapshot_files import load_files, save_files
-from jetwake.snapshot.state_backend import InMemoryStateBackend, RocksDBStateBackend
+from jetwake.engine.core.partitioning import PARTITION_COUNT
+from jetwake.engine.core.serialization import dumps
+from jetwake.snapshot.store.snapshot_files import load_files, save_files
+from jetwake.snapshot.state.keyed_state import InMemoryStateBackend, RocksDBStateBackend
 
 from .report import figure, line, timer
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-from jetwake import (
-    AggregateOperations, Member, Pipeline, Sinks, Sources, WindowDefinition,
-)
+from jetwake import AggregateOperations, Member, Pipeline, Sinks, Sources, WindowDefinition
 
 from .report import figure, timer
 

@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Any
 
-from ..engine.processor import BroadcastKey, Inbox, Processor, ProcessorContext
+from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 
 __all__ = ["FileSourceProcessor", "FileSinkProcessor"]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.processor import Inbox, Processor, ProcessorContext
-from ..engine.processors.two_phase_sink import TwoPhaseCommitSink
+from jetwake.engine.core.processor import Inbox, Processor, ProcessorContext
+from jetwake.engine.processors.two_phase_sink import TwoPhaseCommitSink
 
 __all__ = ["ListSinkProcessor", "ExactlyOnceListSinkProcessor"]
 

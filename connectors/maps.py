@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..engine.chunk_emitter import ChunkEmitter
-from ..engine.errors import JetwakeError
-from ..engine.items import IDLE_MESSAGE
-from ..engine.processor import BroadcastKey, Inbox, Processor, ProcessorContext
+from jetwake.engine.core.chunk_emitter import ChunkEmitter
+from jetwake.engine.core.errors import JetwakeError
+from jetwake.engine.core.stream_items import IDLE_MESSAGE
+from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 
 __all__ = ["MapSourceProcessor", "MapSinkProcessor", "MapJournalSourceProcessor",
            "JournalOverrunError"]

@@ -5,14 +5,16 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from ..engine.meta_supplier import ProcessorMetaSupplier, ProcessorSupplier, SupplierContext
-from ..engine.pipeline.connector import Sink
-from ..engine.processor import Processor
-from .files import FileSinkProcessor
-from .lists import ExactlyOnceListSinkProcessor, ListSinkProcessor
-from .logger import LoggerSinkProcessor
-from .maps import MapSinkProcessor
-from .noop import NoopSinkProcessor
+from jetwake.engine.core.meta_supplier import (
+    ProcessorMetaSupplier, ProcessorSupplier, SupplierContext,
+)
+from jetwake.engine.pipeline.connector import Sink
+from jetwake.engine.core.processor import Processor
+from jetwake.connectors.files import FileSinkProcessor
+from jetwake.connectors.lists import ExactlyOnceListSinkProcessor, ListSinkProcessor
+from jetwake.connectors.logger_sink import LoggerSinkProcessor
+from jetwake.connectors.maps import MapSinkProcessor
+from jetwake.connectors.noop_sink import NoopSinkProcessor
 
 __all__ = ["Sinks"]
 
@@ -137,10 +139,10 @@ class Sinks:
         processing_guarantee="exactly_once" and fails the job's start otherwise. See
         docs/kafka.md.
         """
-        from .kafka_properties import KafkaConfigError, sink_properties
-        from .kafka_serde import make_serializer
-        from .kafka_sink import KafkaRecordFormat, KafkaSinkProcessor
-        from .kafka_sink_exactly_once import KafkaExactlyOnceSinkProcessor
+        from jetwake.connectors.kafka.properties import KafkaConfigError, sink_properties
+        from jetwake.connectors.kafka.serde import make_serializer
+        from jetwake.connectors.kafka.sink import KafkaRecordFormat, KafkaSinkProcessor
+        from jetwake.connectors.kafka.sink_exactly_once import KafkaExactlyOnceSinkProcessor
 
         where = "Sinks.kafka()"
         _check_name(topic, where)

@@ -6,11 +6,11 @@ import os
 from collections.abc import Sequence
 from typing import Any, Iterable
 
-from ..engine.meta_supplier import ProcessorMetaSupplier
-from ..engine.pipeline.connector import Source
-from .files import FileSourceProcessor
-from .items import ItemsSourceProcessor
-from .maps import MapJournalSourceProcessor, MapSourceProcessor
+from jetwake.engine.core.meta_supplier import ProcessorMetaSupplier
+from jetwake.engine.pipeline.connector import Source
+from jetwake.connectors.files import FileSourceProcessor
+from jetwake.connectors.items_source import ItemsSourceProcessor
+from jetwake.connectors.maps import MapJournalSourceProcessor, MapSourceProcessor
 
 __all__ = ["Sources"]
 
@@ -88,10 +88,10 @@ class Sources:
         ``dead_letter_topic`` with the error in its headers). Record timestamps are the
         native timestamps (``with_native_timestamps(lag)``).
         """
-        from ..engine.pipeline.event_time import native_pair_timestamp
-        from .kafka_properties import source_properties
-        from .kafka_serde import make_deserializer
-        from .kafka_source import KafkaSourceProcessor
+        from jetwake.engine.pipeline.event_time import native_pair_timestamp
+        from jetwake.connectors.kafka.properties import source_properties
+        from jetwake.connectors.kafka.serde import make_deserializer
+        from jetwake.connectors.kafka.source import KafkaSourceProcessor
 
         where = "Sources.kafka()"
         if isinstance(topics, str):

@@ -7,7 +7,7 @@ The CLI runs this file and takes its `pipeline`: here a function `pipeline(args)
 the words after `--` (the event rate; default 100 events a second).
 """
 
-from jetwake import (AggregateOperations, Pipeline, Sinks, TestSources, WindowDefinition)
+from jetwake import AggregateOperations, Pipeline, Sinks, TestSources, WindowDefinition
 
 
 def pipeline(args: list[str]) -> Pipeline:

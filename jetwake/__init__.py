@@ -4,36 +4,36 @@ The public API; the implementation lives in ``jetwake.engine``, ``jetwake.snapsh
 ``jetwake.connectors``.
 """
 
-from .connectors.sinks import Sinks
-from .connectors.sources import Sources
-from .connectors.test_sources import TestSources
-from .engine.client import (
+from jetwake.connectors.sinks import Sinks
+from jetwake.connectors.sources import Sources
+from jetwake.connectors.generated_sources import TestSources
+from jetwake.engine.server.client import (
     AuthenticationError, Client, MemberUnreachableError, RemoteJob, RemoteList, RemoteMap,
 )
-from .engine.abstract_processor import AbstractProcessor, FlatMapper
-from .engine.dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
-from .engine.errors import (
+from jetwake.engine.core.abstract_processor import AbstractProcessor, FlatMapper
+from jetwake.engine.core.dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
+from jetwake.engine.core.errors import (
     FallbackRefusedError, JetwakeError, JobCancelledError, JobNotFoundError, JobStateError,
     RestartableError, SnapshotError, SnapshotNotFoundError,
 )
-from .engine.items import Watermark
-from .engine.job import Job
-from .engine.job_config import JobConfig
-from .engine.job_status import JobStatus
-from .engine.member import Member
-from .engine.meta_supplier import ProcessorMetaSupplier, ProcessorSupplier
-from .engine.pipeline.aggregate import AggregateOperation, AggregateOperations
-from .engine.pipeline.connector import Sink, Source
-from .engine.pipeline.pipeline import (
+from jetwake.engine.core.stream_items import Watermark
+from jetwake.engine.jobs.job import Job
+from jetwake.engine.jobs.job_config import JobConfig
+from jetwake.engine.jobs.job_status import JobStatus
+from jetwake.engine.jobs.member import Member
+from jetwake.engine.core.meta_supplier import ProcessorMetaSupplier, ProcessorSupplier
+from jetwake.engine.operations.aggregate import AggregateOperation, AggregateOperations
+from jetwake.engine.pipeline.connector import Sink, Source
+from jetwake.engine.pipeline.pipeline import (
     GroupedStage, Pipeline, PipelineError, SinkStage, Stage, WindowedGroupedStage, WindowedStage,
 )
-from .engine.pipeline.window_definition import WindowDefinition
-from .engine.pipeline.window_result import KeyedWindowResult, WindowResult
-from .engine.processors.insert_watermarks import TimestampError
-from .engine.watermark_policy import WatermarkPolicy
-from .engine.processor import BroadcastKey, Inbox, Outbox, Processor, ProcessorContext
-from .engine.serialization import register_type
-from .engine.traverser import Traverser
+from jetwake.engine.operations.window_definition import WindowDefinition
+from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
+from jetwake.engine.processors.insert_watermarks import TimestampError
+from jetwake.engine.operations.watermark_policy import WatermarkPolicy
+from jetwake.engine.core.processor import BroadcastKey, Inbox, Outbox, Processor, ProcessorContext
+from jetwake.engine.core.serialization import register_type
+from jetwake.engine.core.traverser import Traverser
 
 __version__ = "0.1.0"
 

@@ -6,7 +6,7 @@ chunk) and checks each run's output. ``TestSources.items`` with its ``ABORT()`` 
 ``WAIT_FOR_SNAPSHOT()`` sentinels fails a real job at a chosen item, deterministically.
 """
 
-from .connectors.test_sources import TestAbort, TestSources
-from .engine.processor_harness import ProcessorVerifier, verify_processor, wm
+from jetwake.connectors.generated_sources import TestAbort, TestSources
+from jetwake.engine.verification.processor_verifier import ProcessorVerifier, verify_processor, wm
 
 __all__ = ["verify_processor", "ProcessorVerifier", "wm", "TestSources", "TestAbort"]

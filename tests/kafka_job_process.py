@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def build(bootstrap: str, in_topic: str, out_topic: str, die_in_phase2: int,
           exactly_once: bool | None, marker: str = ""):
     from jetwake import AggregateOperations, Pipeline, Sinks, Sources
-    from jetwake.connectors.kafka_sink_exactly_once import KafkaExactlyOnceSinkProcessor
+    from jetwake.connectors.kafka.sink_exactly_once import KafkaExactlyOnceSinkProcessor
 
     props = {"bootstrap.servers": bootstrap}
     sink = Sinks.kafka(out_topic, props, key_fn=lambda kv: kv[0],

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import time
 
-from jetwake import (
-    BroadcastKey, Pipeline, Processor, ProcessorMetaSupplier, Sinks, Source,
-)
+from jetwake import BroadcastKey, Pipeline, Processor, ProcessorMetaSupplier, Sinks, Source
 
 
 class CountingSource(Processor):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from jetwake import Client
-from jetwake.engine.cli import build_parser, main
+from jetwake.engine.server.cli import build_parser, main
 
 TOKEN = "tok-123"
 
@@ -113,7 +113,7 @@ class MemberProc:
         self.metrics_port = free_port() if metrics else None
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = tmp / f"member-{self.port}.log"
-        cmd = [sys.executable, "-m", "jetwake.engine.cli", "member", "start",
+        cmd = [sys.executable, "-m", "jetwake.engine.server.cli", "member", "start",
                "--port", str(self.port), "--cooperative-threads", "1",
                "--local-parallelism", "1"]
         if data_dir is not None:
@@ -165,7 +165,7 @@ def cli(*args: str, address: str | None = None, token: str | None = TOKEN,
         env["JETWAKE_ADDRESS"] = address
     if token:
         env["JETWAKE_TOKEN"] = token
-    return subprocess.run([sys.executable, "-m", "jetwake.engine.cli", *args],
+    return subprocess.run([sys.executable, "-m", "jetwake.engine.server.cli", *args],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
@@ -342,7 +342,7 @@ def test_error_cases(tmp_path, counter_py):
             return r.stderr
 
         # a second member on the same port: one clear line, exit code 1
-        r = subprocess.run([sys.executable, "-m", "jetwake.engine.cli", "member", "start",
+        r = subprocess.run([sys.executable, "-m", "jetwake.engine.server.cli", "member", "start",
                             "--port", str(member.port)], capture_output=True, text=True,
                            timeout=30)
         assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{member.port}" in r.stderr

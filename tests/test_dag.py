@@ -10,8 +10,8 @@ from collections import defaultdict
 import pytest
 
 from jetwake import DAG, DagValidationError, Edge, Member, Processor, RoutingPolicy
-from jetwake.engine.chunk_emitter import ChunkEmitter
-from jetwake.engine.partitioning import partition_of
+from jetwake.engine.core.chunk_emitter import ChunkEmitter
+from jetwake.engine.core.partitioning import partition_of
 
 TIMEOUT = 20
 

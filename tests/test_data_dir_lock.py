@@ -14,7 +14,7 @@ import time
 import pytest
 
 from jetwake import Member
-from jetwake.engine.errors import DataDirectoryLockedError
+from jetwake.engine.core.errors import DataDirectoryLockedError
 
 MEMBER_PROCESS = os.path.join(os.path.dirname(__file__), "member_process.py")
 
@@ -22,7 +22,7 @@ MEMBER_PROCESS = os.path.join(os.path.dirname(__file__), "member_process.py")
 SECOND_MEMBER = """
 import sys
 from jetwake import Member
-from jetwake.engine.errors import DataDirectoryLockedError
+from jetwake.engine.core.errors import DataDirectoryLockedError
 try:
     m = Member(sys.argv[1])
 except DataDirectoryLockedError as e:

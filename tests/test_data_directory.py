@@ -10,8 +10,8 @@ import time
 import pytest
 
 from jetwake import JobConfig, JobNotFoundError, JobStatus, Member
-from jetwake.engine.errors import SnapshotError
-from jetwake.snapshot.job_records import JobRecordError
+from jetwake.engine.core.errors import SnapshotError
+from jetwake.engine.jobs.job_records import JobRecordError
 from snapshot_fixtures import running_sum_pipeline
 
 

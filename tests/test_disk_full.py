@@ -18,11 +18,9 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from jetwake import (
-    JobCancelledError, JobConfig, JobStatus, Member, Pipeline, Sinks,
-)
-from jetwake.engine.errors import SnapshotWriteError
-from jetwake.engine.metrics import JetwakeCollector
+from jetwake import JobCancelledError, JobConfig, JobStatus, Member, Pipeline, Sinks
+from jetwake.engine.core.errors import SnapshotWriteError
+from jetwake.engine.server.metrics import JetwakeCollector
 from snapshot_fixtures import RunningSum, counting_source
 
 pytestmark = pytest.mark.integration
@@ -195,7 +193,7 @@ def test_a_snapshot_whose_commit_record_cannot_be_written_leaves_nothing_behind(
 
 
 def test_a_snapshot_whose_data_cannot_be_flushed_is_removed_by_abort(disk):
-    from jetwake.snapshot.store import SnapshotStore
+    from jetwake.snapshot.store.snapshot_store import SnapshotStore
 
     store = SnapshotStore(os.path.join(disk.path, "data"))
     writer = store.writer("0000-0000-0000-0001", "two-streams", store.next_snapshot_id(

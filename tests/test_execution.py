@@ -11,7 +11,7 @@ import pytest
 from jetwake import (
     DAG, Edge, JobCancelledError, JobStatus, Member, Pipeline, Processor, Sinks, Sources,
 )
-from jetwake.engine.execution.service import Execution, ExecutionService
+from jetwake.engine.execution.execution_service import Execution, ExecutionService
 from jetwake.engine.execution.tasklet import DONE_STATE, MADE_PROGRESS, NO_PROGRESS
 
 TIMEOUT = 20

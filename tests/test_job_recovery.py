@@ -23,9 +23,8 @@ from jetwake import (
     BroadcastKey, JobCancelledError, JobConfig, JobStatus, Member, Pipeline, Processor,
     ProcessorMetaSupplier, RestartableError, Sinks, Source,
 )
-from jetwake.engine.errors import (
-    FallbackRefusedError, JobStateError, SnapshotError, SnapshotWriteError,
-    is_restartable_cause,
+from jetwake.engine.core.errors import (
+    FallbackRefusedError, JobStateError, SnapshotError, SnapshotWriteError, is_restartable_cause,
 )
 from snapshot_fixtures import running_sum_pipeline
 

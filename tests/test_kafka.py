@@ -17,10 +17,10 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from jetwake import JobConfig, JobStatus, Member, Pipeline, Sinks, Sources
-from jetwake.connectors.kafka_properties import KafkaConfigError
-from jetwake.connectors.kafka_sink import check_transaction_timeout
-from jetwake.connectors.kafka_source import PartitionWatermarks, owner_of_partition
-from jetwake.engine.items import IDLE_MESSAGE
+from jetwake.connectors.kafka.properties import KafkaConfigError
+from jetwake.connectors.kafka.sink import check_transaction_timeout
+from jetwake.connectors.kafka.source import PartitionWatermarks, owner_of_partition
+from jetwake.engine.core.stream_items import IDLE_MESSAGE
 
 from test_kafka_faults import KEYS, Proc, Reader, check_exactly_once, produce
 

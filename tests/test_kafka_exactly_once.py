@@ -15,10 +15,10 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from jetwake import JobConfig, Member, Pipeline, Sinks, Sources
-from jetwake.connectors.kafka_properties import KafkaConfigError
-from jetwake.engine.meta_supplier import MetaSupplierContext, SupplierContext
-from jetwake.engine.processor import Inbox, Outbox, ProcessorContext
-from jetwake.engine.snapshot_context import SnapshotContext
+from jetwake.connectors.kafka.properties import KafkaConfigError
+from jetwake.engine.core.meta_supplier import MetaSupplierContext, SupplierContext
+from jetwake.engine.core.processor import Inbox, Outbox, ProcessorContext
+from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 
 VERTEX = "kafka-sink"
 
@@ -287,7 +287,7 @@ def test_a_crash_inside_the_phase2_transaction_writes_the_snapshot_once(kafka_bo
     writes snapshot 1 again."""
     from confluent_kafka import Producer
 
-    from jetwake.connectors.kafka_sink_markers import KafkaMarkerTopic
+    from jetwake.connectors.kafka.sink_markers import KafkaMarkerTopic
 
     topic = kafka_topic()
     props = {"bootstrap.servers": kafka_bootstrap}

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from jetwake.engine.partitioning import partition_of
-from jetwake.snapshot.maps import REMOVE, JournalEvent, KeyValueMap, MapStore
+from jetwake.engine.core.partitioning import partition_of
+from jetwake.engine.data.named_maps import REMOVE, JournalEvent, KeyValueMap, MapStore
 
 
 @pytest.fixture(params=["memory", "rocksdb"])

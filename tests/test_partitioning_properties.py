@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jetwake import AggregateOperations as Ops, Member, Pipeline, Sinks, Sources
-from jetwake.engine import serialization
-from jetwake.engine.partitioning import (
+from jetwake.engine.core import serialization
+from jetwake.engine.core.partitioning import (
     PARTITION_COUNT, member_partitions, partition_of, partitions_of_processor,
     processor_partition_table,
 )
@@ -94,7 +94,7 @@ def test_partition_of_is_the_same_in_processes_with_different_hash_seeds():
     here = [partition_of(k) for k in sample]
     code = (
         "import json, sys\n"
-        "from jetwake.engine.partitioning import partition_of\n"
+        "from jetwake.engine.core.partitioning import partition_of\n"
         "sample = ['', 'a', 'word', 'x' * 40, 'ünïcödé', 0, 1, -1, 2**70, (1, 'a'),"
         " ('k', (2, 3))]\n"
         "print(json.dumps([partition_of(k) for k in sample]))\n")

@@ -12,7 +12,7 @@ from jetwake import (
     DAG, AbstractProcessor, BroadcastKey, Edge, Inbox, JobCancelledError, JobStatus, Member,
     Outbox, Processor, Traverser, Watermark,
 )
-from jetwake.engine.chunk_emitter import ChunkEmitter
+from jetwake.engine.core.chunk_emitter import ChunkEmitter
 
 TIMEOUT = 20
 

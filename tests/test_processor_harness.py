@@ -9,9 +9,9 @@ import time
 import pytest
 
 from jetwake import AbstractProcessor, BroadcastKey, Processor
-from jetwake.engine.chunk_emitter import ChunkEmitter
-from jetwake.engine.partitioning import partition_of, processor_partition_table
-from jetwake.engine.state_saver import StateSaver
+from jetwake.engine.core.chunk_emitter import ChunkEmitter
+from jetwake.engine.core.partitioning import partition_of, processor_partition_table
+from jetwake.snapshot.protocol.state_saver import StateSaver
 from jetwake.testing import verify_processor, wm
 
 RESTORE_MODE = "with a snapshot+restore after every chunk"

@@ -14,13 +14,13 @@ from jetwake import (
     AggregateOperations, BroadcastKey, JobConfig, Member, Pipeline, Processor,
     ProcessorMetaSupplier, Sinks, Source,
 )
-from jetwake.engine.partitioning import PARTITION_COUNT, partition_of, partitions_of_processor
-from jetwake.engine.serialization import dumps, loads
-from jetwake.snapshot.rocksdb_checkpoint import read_checkpoint_entries, restore_keyed_state
-from jetwake.snapshot.snapshot_files import (
+from jetwake.engine.core.partitioning import PARTITION_COUNT, partition_of, partitions_of_processor
+from jetwake.engine.core.serialization import dumps, loads
+from jetwake.snapshot.state.rocksdb_checkpoint import read_checkpoint_entries, restore_keyed_state
+from jetwake.snapshot.store.snapshot_files import (
     SnapshotFiles, SnapshotFilesDamagedError, load_files, save_files,
 )
-from jetwake.snapshot.state_backend import RocksDBStateBackend
+from jetwake.snapshot.state.keyed_state import RocksDBStateBackend
 
 # --- SnapshotFiles, save_files, load_files ------------------------------------------------------
 
@@ -360,7 +360,7 @@ def test_a_database_written_before_per_partition_counts_reopens_with_exact_count
     import struct
 
     from rocksdict import Options, Rdict
-    from jetwake.snapshot.state_backend import storage_key
+    from jetwake.snapshot.state.keyed_state import storage_key
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     db = Rdict(str(tmp_path / "old"), options)

@@ -21,8 +21,8 @@ from jetwake import (
     JobStateError, JobStatus, Member, MemberUnreachableError, Pipeline, Processor,
     ProcessorMetaSupplier, Sinks, SnapshotNotFoundError, Source, Sources,
 )
-from jetwake.engine.metrics import MetricsServer
-from jetwake.engine.service import MemberService, read_frame, write_frame
+from jetwake.engine.server.metrics import MetricsServer
+from jetwake.engine.server.member_service import MemberService, read_frame, write_frame
 
 TOKEN = "s3cret-token"
 
@@ -310,7 +310,7 @@ def test_kafka_consumer_lag_metric(kafka_bootstrap, kafka_topic):
     from confluent_kafka import Producer
     from prometheus_client import CollectorRegistry
 
-    from jetwake.engine.metrics import JetwakeCollector
+    from jetwake.engine.server.metrics import JetwakeCollector
 
     total = 150_000
     topic = kafka_topic(partitions=2)

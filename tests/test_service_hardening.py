@@ -22,7 +22,7 @@ import msgpack
 import pytest
 
 from jetwake import Client, Member, MemberUnreachableError
-from jetwake.engine.service import MemberService, read_frame, write_frame
+from jetwake.engine.server.member_service import MemberService, read_frame, write_frame
 
 TOKEN = "hardening-token"
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def closed_by_peer(s: socket.socket, wait: float) -> bool:
 
 def hello_and_ping(s: socket.socket, token: str = TOKEN) -> dict:
     """Authenticates a raw connection and sends one ping; returns the ping's result."""
-    from jetwake.engine.serialization import dumps, loads
+    from jetwake.engine.core.serialization import dumps, loads
     write_frame(s, msgpack.packb({"op": "hello", "token": token}))
     reply = msgpack.unpackb(read_frame(s), raw=False)
     assert reply["ok"] is True, reply
@@ -113,7 +113,7 @@ def test_a_reachable_address_with_a_token_serves_clients_with_that_token(member)
 
 
 def test_member_start_on_a_reachable_address_without_a_token_exits_with_the_fix():
-    proc = subprocess.Popen([sys.executable, "-m", "jetwake.engine.cli", "member", "start",
+    proc = subprocess.Popen([sys.executable, "-m", "jetwake.engine.server.cli", "member", "start",
                              "--host", "0.0.0.0", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=cli_env())
@@ -142,7 +142,7 @@ def test_the_docker_image_command_needs_a_token(tmp_path):
     interface of the container: it exits at once without JETWAKE_TOKEN and serves with it."""
     cmd = _dockerfile_command()
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
-    run = [sys.executable, "-m", "jetwake.engine.cli", *cmd]
+    run = [sys.executable, "-m", "jetwake.engine.server.cli", *cmd]
     no_token = subprocess.run(run, capture_output=True, text=True, timeout=30, env=cli_env())
     assert no_token.returncode == 2
     assert "JETWAKE_TOKEN" in no_token.stderr and "0.0.0.0" in no_token.stderr
@@ -268,7 +268,7 @@ def test_the_limits_are_checked(member, kw, message):
                                            ("--max-unauthenticated", "0"),
                                            ("--max-unauthenticated", "many")])
 def test_member_start_checks_the_limits(option, value):
-    r = subprocess.run([sys.executable, "-m", "jetwake.engine.cli", "member", "start",
+    r = subprocess.run([sys.executable, "-m", "jetwake.engine.server.cli", "member", "start",
                         "--port", "0", option, value], capture_output=True, text=True,
                        timeout=30, env=cli_env())
     assert r.returncode == 2

@@ -12,7 +12,7 @@ from jetwake import (
     FallbackRefusedError, JobConfig, JobStatus, Member, Pipeline, Processor, RestartableError,
     Sinks, Sources,
 )
-from jetwake.engine import job_coordinator
+from jetwake.engine.jobs import job_coordinator
 from snapshot_fixtures import counting_source
 
 

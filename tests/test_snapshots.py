@@ -12,7 +12,7 @@ import pytest
 from jetwake import (
     JobConfig, JobStateError, JobStatus, Member, Pipeline, SnapshotNotFoundError, Sinks,
 )
-from jetwake.engine.errors import SnapshotError
+from jetwake.engine.core.errors import SnapshotError
 from snapshot_fixtures import counting_source, expected_sums, running_sum_pipeline
 
 LIMIT = 20_000

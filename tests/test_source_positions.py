@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from jetwake import Inbox, Outbox, ProcessorContext
 from jetwake.connectors.files import FileSourceProcessor
-from jetwake.connectors.items import ItemsSourceProcessor
+from jetwake.connectors.items_source import ItemsSourceProcessor
 
 
 def context() -> ProcessorContext:

@@ -20,9 +20,9 @@ from jetwake import (
     WindowDefinition, WindowResult, register_type,
 )
 from jetwake.connectors.files import FileSourceProcessor
-from jetwake.connectors.items import ItemsSourceProcessor
+from jetwake.connectors.items_source import ItemsSourceProcessor
 from jetwake.connectors.maps import MapJournalSourceProcessor, MapSourceProcessor
-from jetwake.engine.items import Watermark
+from jetwake.engine.core.stream_items import Watermark
 from jetwake.engine.processors.aggregation import (
     AccumulateProcessor, AggregateProcessor, CombineProcessor,
 )
@@ -32,8 +32,7 @@ from jetwake.engine.processors.map_stateful import END_OF_TIME, MapStatefulProce
 from jetwake.engine.processors.rolling_aggregate import RollingAggregateProcessor
 from jetwake.engine.processors.session_window import SessionWindowProcessor
 from jetwake.engine.processors.sliding_window import (
-    FrameAccumulateProcessor, SlidingWindowProcessor, WindowCombineProcessor,
-    composite_operation,
+    FrameAccumulateProcessor, SlidingWindowProcessor, WindowCombineProcessor, composite_operation,
 )
 from jetwake.engine.processors.sort import MergeSortedProcessor, SortProcessor
 from jetwake.testing import verify_processor, wm
@@ -761,7 +760,7 @@ def rocksdb_state(tmp_path):
     instance, as every restored execution gets."""
     import itertools
 
-    from jetwake.snapshot.state_backend import RocksDBStateBackend
+    from jetwake.snapshot.state.keyed_state import RocksDBStateBackend
     counter = itertools.count()
 
     def factory(vertex: str, index: int, name: str) -> RocksDBStateBackend:

@@ -170,7 +170,7 @@ def test_items_rejects_what_is_not_a_collection_of_items():
 
 
 def test_test_abort_is_a_restartable_error():
-    from jetwake.engine.errors import RestartableError
+    from jetwake.engine.core.errors import RestartableError
     assert issubclass(TestAbort, RestartableError)
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from jetwake import JobConfig, JobStatus, Member, Pipeline, Sinks, Sources
-from jetwake.engine.meta_supplier import MetaSupplierContext, SupplierContext
-from jetwake.engine.processor import Inbox, Outbox, ProcessorContext
-from jetwake.engine.snapshot_context import SnapshotContext
+from jetwake.engine.core.meta_supplier import MetaSupplierContext, SupplierContext
+from jetwake.engine.core.processor import Inbox, Outbox, ProcessorContext
+from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 from jetwake.testing import TestSources
 
 ABORT, WAIT_FOR_SNAPSHOT = TestSources.ABORT, TestSources.WAIT_FOR_SNAPSHOT

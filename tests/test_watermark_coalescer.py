@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jetwake.engine.execution.watermark_coalescer import NO_WATERMARK, WatermarkCoalescer
-from jetwake.engine.items import IDLE_TIMESTAMP
+from jetwake.engine.core.stream_items import IDLE_TIMESTAMP
 
 
 def test_output_waits_until_every_input_has_a_watermark():

@@ -7,13 +7,13 @@ import time
 import pytest
 
 from jetwake import (
-    AggregateOperations as ops, Member, Pipeline, Processor, ProcessorMetaSupplier, Sinks,
-    Source, WindowDefinition,
+    AggregateOperations as ops, Member, Pipeline, Processor, ProcessorMetaSupplier, Sinks, Source,
+    WindowDefinition,
 )
-from jetwake.engine.items import IDLE_MESSAGE, Watermark
-from jetwake.engine.processor import Inbox, Outbox, ProcessorContext
+from jetwake.engine.core.stream_items import IDLE_MESSAGE, Watermark
+from jetwake.engine.core.processor import Inbox, Outbox, ProcessorContext
 from jetwake.engine.processors.insert_watermarks import InsertWatermarksProcessor
-from jetwake.engine.watermark_policy import WatermarkPolicy, throttle
+from jetwake.engine.operations.watermark_policy import WatermarkPolicy, throttle
 
 
 def ctx(index: int = 0) -> ProcessorContext:

@@ -6,8 +6,8 @@ import time
 from collections import Counter, defaultdict
 
 from jetwake import (
-    AggregateOperations as ops, KeyedWindowResult, Member, Pipeline, Sinks, Sources,
-    TestSources, WindowDefinition, WindowResult,
+    AggregateOperations as ops, KeyedWindowResult, Member, Pipeline, Sinks, Sources, TestSources,
+    WindowDefinition, WindowResult,
 )
 from window_reference import make_events
 

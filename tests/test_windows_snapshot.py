@@ -9,15 +9,15 @@ import random
 import pytest
 
 from jetwake import AggregateOperations as ops, WindowDefinition
-from jetwake.engine.items import Watermark
-from jetwake.engine.processor import BroadcastKey, Inbox, Outbox, ProcessorContext
+from jetwake.engine.core.stream_items import Watermark
+from jetwake.engine.core.processor import BroadcastKey, Inbox, Outbox, ProcessorContext
 from jetwake.engine.processors.map_stateful import MapStatefulProcessor
 from jetwake.engine.processors.rolling_aggregate import RollingAggregateProcessor
 from jetwake.engine.processors.session_window import SessionWindowProcessor
 from jetwake.engine.processors.sliding_window import (
     FrameAccumulateProcessor, SlidingWindowProcessor, WindowCombineProcessor,
 )
-from jetwake.engine.serialization import dumps, loads
+from jetwake.engine.core.serialization import dumps, loads
 
 
 def make(factory, snapshot_capacity=7):

@@ -7,9 +7,9 @@ drained further until every input has delivered the same barrier (alignment, see
 
 from __future__ import annotations
 
-from ..items import DONE, SnapshotBarrier, Watermark
-from .conveyor import ChunkQueue
-from .watermark_coalescer import WatermarkCoalescer
+from jetwake.engine.core.stream_items import DONE, SnapshotBarrier, Watermark
+from jetwake.engine.execution.conveyor import ChunkQueue
+from jetwake.engine.execution.watermark_coalescer import WatermarkCoalescer
 
 __all__ = ["InboundEdgeStream"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ..dag import RoutingPolicy
-from ..partitioning import partition_of
-from .conveyor import ChunkQueue
+from jetwake.engine.core.dag import RoutingPolicy
+from jetwake.engine.core.partitioning import partition_of
+from jetwake.engine.execution.conveyor import ChunkQueue
 
 __all__ = ["OutboundEdgeStream"]
 

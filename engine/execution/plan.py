@@ -11,15 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
-from ..meta_supplier import MetaSupplierContext, SupplierContext
-from ..partitioning import partition_of, partitions_of_processor, processor_partition_table
-from ..processor import ProcessorContext
-from .conveyor import ChunkQueue
-from .inbound import InboundEdgeStream
-from .outbound import OutboundEdgeStream
-from .tasklet import ProcessorTasklet
-from .watermark_coalescer import WatermarkCoalescer
+from jetwake.engine.core.dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
+from jetwake.engine.core.meta_supplier import MetaSupplierContext, SupplierContext
+from jetwake.engine.core.partitioning import (
+    partition_of, partitions_of_processor, processor_partition_table,
+)
+from jetwake.engine.core.processor import ProcessorContext
+from jetwake.engine.execution.conveyor import ChunkQueue
+from jetwake.engine.execution.inbound import InboundEdgeStream
+from jetwake.engine.execution.outbound import OutboundEdgeStream
+from jetwake.engine.execution.tasklet import ProcessorTasklet
+from jetwake.engine.execution.watermark_coalescer import WatermarkCoalescer
 
 __all__ = ["PlanContext", "build_tasklets", "resolve_parallelism"]
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
-from ..items import DONE, SnapshotBarrier, Watermark
-from ..processor import Inbox, Outbox, Processor, ProcessorContext
-from .inbound import InboundEdgeStream
-from .outbound import OutboundEdgeStream
-from .watermark_coalescer import WatermarkCoalescer
+from jetwake.engine.core.stream_items import DONE, SnapshotBarrier, Watermark
+from jetwake.engine.core.processor import Inbox, Outbox, Processor, ProcessorContext
+from jetwake.engine.execution.inbound import InboundEdgeStream
+from jetwake.engine.execution.outbound import OutboundEdgeStream
+from jetwake.engine.execution.watermark_coalescer import WatermarkCoalescer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..snapshot_context import SnapshotContext
+    from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 
 __all__ = ["ProcessorTasklet", "ProcessorState", "NO_PROGRESS", "MADE_PROGRESS", "DONE_STATE"]
 

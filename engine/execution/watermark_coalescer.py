@@ -9,7 +9,7 @@ last watermark is repeated to say so. The output never goes backwards.
 
 from __future__ import annotations
 
-from ..items import IDLE_TIMESTAMP
+from jetwake.engine.core.stream_items import IDLE_TIMESTAMP
 
 __all__ = ["WatermarkCoalescer", "NO_WATERMARK"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..meta_supplier import ProcessorMetaSupplier, as_meta_supplier
+from jetwake.engine.core.meta_supplier import ProcessorMetaSupplier, as_meta_supplier
 
 __all__ = ["Source", "Sink"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import Any, Callable
 
-from .window_result import KeyedWindowResult
+from jetwake.engine.operations.window_result import KeyedWindowResult
 
 __all__ = ["native_pair_timestamp", "unwrap", "wrapped_step", "window_join_flattener"]
 

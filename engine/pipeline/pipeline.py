@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
-from .aggregate import AggregateOperation
-from .connector import Sink, Source
-from .transforms import (
+from jetwake.engine.operations.aggregate import AggregateOperation
+from jetwake.engine.pipeline.connector import Sink, Source
+from jetwake.engine.pipeline.transforms import (
     AggregateTransform, CustomTransform, DistinctTransform, HashJoinTransform,
     MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
     SideSinkTransform, SinkTransform, SortTransform, SourceTransform, StatelessTransform,
@@ -66,7 +66,7 @@ class Pipeline:
 
     def to_dag(self, default_parallelism: int = 2):
         """Compiles the pipeline to a DAG (see ``planner.py``)."""
-        from .planner import Planner
+        from jetwake.engine.pipeline.planner import Planner
         return Planner(self, default_parallelism).build()
 
     def _add(self, t: T, base_name: str) -> T:
@@ -188,7 +188,7 @@ class Stage(_StageBase):
                 "timestamps (only a source that assigns times to its items has them, called "
                 "directly on the source stage); use with_timestamps(timestamp_fn, "
                 "allowed_lag) instead")
-        from .event_time import native_pair_timestamp
+        from jetwake.engine.pipeline.event_time import native_pair_timestamp
         fn = self.native_timestamp_fn
         native_pairs = fn is native_pair_timestamp
         return self._timestamps(None if native_pairs else fn, allowed_lag, policy,
@@ -199,7 +199,7 @@ class Stage(_StageBase):
     def _timestamps(self, fn: Any, allowed_lag: int, policy: Any, idle_timeout: int,
                     bad_sink: Any, where: str, native: bool = False,
                     upstream_watermarks: bool = False) -> "Stage":
-        from ..watermark_policy import WatermarkPolicy
+        from jetwake.engine.operations.watermark_policy import WatermarkPolicy
         where = f"{where} after stage {self.name!r}"
         try:
             if policy == "limiting_lag":
@@ -322,7 +322,7 @@ class Stage(_StageBase):
         Processor subclass, a zero-argument factory, a ProcessorSupplier or a meta-supplier."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"custom_transform() needs a non-empty name, got {name!r}")
-        from ..meta_supplier import as_meta_supplier
+        from jetwake.engine.core.meta_supplier import as_meta_supplier
         as_meta_supplier(processor_supplier, f"custom_transform({name!r})")
         return self._next(CustomTransform(self.transform, processor_supplier), name,
                           keeps_timestamps=False)
@@ -498,8 +498,8 @@ class WindowedGroupedStage:
         dropped."""
         check_fn(join_fn, "window().group_by().join() join_fn")
         stage, key_fn = _grouped_other(other, "join()")
-        from .aggregate import AggregateOperations
-        from .event_time import window_join_flattener
+        from jetwake.engine.operations.aggregate import AggregateOperations
+        from jetwake.engine.pipeline.event_time import window_join_flattener
         return _window_stage(self.windowed, [self.stage, stage],
                              [AggregateOperations.to_list(), AggregateOperations.to_list()],
                              [self.key_fn, key_fn], "window-join",
@@ -530,7 +530,7 @@ def _grouped_other(other: Any, where: str) -> tuple[Stage, Callable[[Any], Any]]
 
 
 def _check_window(stage: Stage, wdef: Any) -> None:
-    from .window_definition import WindowDefinition
+    from jetwake.engine.operations.window_definition import WindowDefinition
     if not isinstance(wdef, WindowDefinition):
         raise TypeError(f"window() after stage {stage.name!r} expects a WindowDefinition "
                         f"(WindowDefinition.tumbling/sliding/session), got "

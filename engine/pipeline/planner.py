@@ -14,24 +14,25 @@ from math import gcd
 from operator import itemgetter
 from typing import Any, Callable
 
-from ..dag import DAG, Edge, Vertex
-from ..processors.aggregation import AccumulateProcessor, AggregateProcessor, CombineProcessor
-from ..processors.distinct import DistinctProcessor
-from ..processors.hash_join import HashJoinProcessor
-from ..processors.insert_watermarks import InsertWatermarksProcessor
-from ..processors.map_stateful import MapStatefulProcessor
-from ..processors.pass_through import PassThroughProcessor
-from ..processors.rolling_aggregate import RollingAggregateProcessor
-from ..processors.session_window import SessionWindowProcessor
-from ..processors.sliding_window import (
-    FrameAccumulateProcessor, SlidingWindowProcessor, WindowCombineProcessor,
-    composite_operation,
+from jetwake.engine.core.dag import DAG, Edge, Vertex
+from jetwake.engine.processors.aggregation import (
+    AccumulateProcessor, AggregateProcessor, CombineProcessor,
 )
-from ..processors.sort import MergeSortedProcessor, SortProcessor
-from .event_time import native_pair_timestamp, unwrap, wrapped_step
-from .fusion import StatelessOp, compile_chain
-from .pipeline import Pipeline, PipelineError
-from .transforms import (
+from jetwake.engine.processors.distinct import DistinctProcessor
+from jetwake.engine.processors.hash_join import HashJoinProcessor
+from jetwake.engine.processors.insert_watermarks import InsertWatermarksProcessor
+from jetwake.engine.processors.map_stateful import MapStatefulProcessor
+from jetwake.engine.processors.pass_through import PassThroughProcessor
+from jetwake.engine.processors.rolling_aggregate import RollingAggregateProcessor
+from jetwake.engine.processors.session_window import SessionWindowProcessor
+from jetwake.engine.processors.sliding_window import (
+    FrameAccumulateProcessor, SlidingWindowProcessor, WindowCombineProcessor, composite_operation,
+)
+from jetwake.engine.processors.sort import MergeSortedProcessor, SortProcessor
+from jetwake.engine.pipeline.event_time import native_pair_timestamp, unwrap, wrapped_step
+from jetwake.engine.pipeline.fusion import StatelessOp, compile_chain
+from jetwake.engine.pipeline.pipeline import Pipeline, PipelineError
+from jetwake.engine.pipeline.transforms import (
     AggregateTransform, CustomTransform, DistinctTransform, HashJoinTransform,
     MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
     SideSinkTransform, SinkTransform, SortTransform, SourceTransform, StatelessTransform,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .aggregate import AggregateOperation
-from .connector import Sink, Source
+from jetwake.engine.operations.aggregate import AggregateOperation
+from jetwake.engine.pipeline.connector import Sink, Source
 
 __all__ = [
     "Transform", "SourceTransform", "StatelessTransform", "AggregateTransform",

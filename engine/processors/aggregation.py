@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..chunk_emitter import ChunkEmitter
-from ..pipeline.aggregate import AggregateOperation
-from ..pipeline.fusion import is_identity
-from ..processor import BroadcastKey, Inbox, Processor
-from ..state_saver import StateSaver
+from jetwake.engine.core.chunk_emitter import ChunkEmitter
+from jetwake.engine.operations.aggregate import AggregateOperation
+from jetwake.engine.pipeline.fusion import is_identity
+from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor
+from jetwake.snapshot.protocol.state_saver import StateSaver
 
 __all__ = ["AccumulateProcessor", "CombineProcessor", "AggregateProcessor"]
 

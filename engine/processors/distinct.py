@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..processor import Inbox, Processor
-from ..state_saver import StateSaver
+from jetwake.engine.core.processor import Inbox, Processor
+from jetwake.snapshot.protocol.state_saver import StateSaver
 
 __all__ = ["DistinctProcessor"]
 

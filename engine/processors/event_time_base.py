@@ -17,9 +17,9 @@ from collections import deque
 from operator import itemgetter
 from typing import Any, Callable, Iterator
 
-from ..execution.watermark_coalescer import NO_WATERMARK
-from ..items import IDLE_TIMESTAMP, Watermark
-from ..processor import Processor, ProcessorContext
+from jetwake.engine.execution.watermark_coalescer import NO_WATERMARK
+from jetwake.engine.core.stream_items import IDLE_TIMESTAMP, Watermark
+from jetwake.engine.core.processor import Processor, ProcessorContext
 
 __all__ = ["EventTimeProcessor", "first", "second", "short_repr", "MISSING"]
 

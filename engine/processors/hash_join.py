@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..processor import BroadcastKey, Inbox, Processor
-from ..state_saver import StateSaver
+from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor
+from jetwake.snapshot.protocol.state_saver import StateSaver
 
 __all__ = ["HashJoinProcessor"]
 

@@ -24,11 +24,11 @@ from bisect import bisect_left
 from itertools import accumulate
 from typing import Any, Callable
 
-from ..errors import JetwakeError
-from ..items import IDLE_MESSAGE, Watermark
-from ..processor import BroadcastKey, Inbox, ProcessorContext
-from ..watermark_policy import NO_WATERMARK, WatermarkPolicy, throttle
-from .event_time_base import EventTimeProcessor, first, short_repr
+from jetwake.engine.core.errors import JetwakeError
+from jetwake.engine.core.stream_items import IDLE_MESSAGE, Watermark
+from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
+from jetwake.engine.operations.watermark_policy import NO_WATERMARK, WatermarkPolicy, throttle
+from jetwake.engine.processors.event_time_base import EventTimeProcessor, first, short_repr
 
 __all__ = ["InsertWatermarksProcessor", "TimestampError"]
 

@@ -17,12 +17,12 @@ import heapq
 import sys
 from typing import Any, Callable
 
-from ...snapshot.rocksdb_checkpoint import (
+from jetwake.snapshot.state.rocksdb_checkpoint import (
     restore_keyed_state, saved_state_files, state_snapshot_entries,
 )
-from ..processor import BroadcastKey, Inbox, ProcessorContext
-from ..watermark_policy import NO_WATERMARK
-from .event_time_base import EventTimeProcessor, call_with_arity
+from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
+from jetwake.engine.operations.watermark_policy import NO_WATERMARK
+from jetwake.engine.processors.event_time_base import EventTimeProcessor, call_with_arity
 
 __all__ = ["MapStatefulProcessor", "END_OF_TIME"]
 

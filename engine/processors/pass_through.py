@@ -3,7 +3,7 @@ fused stateless functions and the routing) happens on the edges around it."""
 
 from __future__ import annotations
 
-from ..processor import Inbox, Processor
+from jetwake.engine.core.processor import Inbox, Processor
 
 __all__ = ["PassThroughProcessor"]
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ...snapshot.rocksdb_checkpoint import (
+from jetwake.snapshot.state.rocksdb_checkpoint import (
     restore_keyed_state, saved_state_files, state_snapshot_entries,
 )
-from ..pipeline.aggregate import AggregateOperation
-from ..processor import Inbox
-from .event_time_base import MISSING, EventTimeProcessor
+from jetwake.engine.operations.aggregate import AggregateOperation
+from jetwake.engine.core.processor import Inbox
+from jetwake.engine.processors.event_time_base import MISSING, EventTimeProcessor
 
 __all__ = ["RollingAggregateProcessor"]
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import heapq
 from typing import Any, Callable
 
-from ..pipeline.aggregate import AggregateOperation
-from ..pipeline.window_definition import WindowDefinition
-from ..pipeline.window_result import KeyedWindowResult, WindowResult
-from ..processor import BroadcastKey, Inbox
-from .sliding_window import _WM_KEY, _WindowBase
+from jetwake.engine.operations.aggregate import AggregateOperation
+from jetwake.engine.operations.window_definition import WindowDefinition
+from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
+from jetwake.engine.core.processor import BroadcastKey, Inbox
+from jetwake.engine.processors.sliding_window import _WM_KEY, _WindowBase
 
 __all__ = ["SessionWindowProcessor"]
 

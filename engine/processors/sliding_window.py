@@ -28,12 +28,12 @@ from bisect import bisect_left, insort
 from itertools import repeat
 from typing import Any, Callable, Sequence
 
-from ..pipeline.aggregate import AggregateOperation, _identity
-from ..pipeline.window_definition import WindowDefinition
-from ..pipeline.window_result import KeyedWindowResult, WindowResult
-from ..processor import BroadcastKey, Inbox, ProcessorContext
-from ..watermark_policy import NO_WATERMARK
-from .event_time_base import MISSING, EventTimeProcessor, first, second
+from jetwake.engine.operations.aggregate import AggregateOperation, _identity
+from jetwake.engine.operations.window_definition import WindowDefinition
+from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
+from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
+from jetwake.engine.operations.watermark_policy import NO_WATERMARK
+from jetwake.engine.processors.event_time_base import MISSING, EventTimeProcessor, first, second
 
 __all__ = ["FrameAccumulateProcessor", "WindowCombineProcessor", "SlidingWindowProcessor",
            "composite_operation"]

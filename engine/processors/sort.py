@@ -5,9 +5,9 @@ from __future__ import annotations
 import heapq
 from typing import Any, Callable
 
-from ..chunk_emitter import ChunkEmitter
-from ..processor import Inbox, Processor
-from ..state_saver import StateSaver
+from jetwake.engine.core.chunk_emitter import ChunkEmitter
+from jetwake.engine.core.processor import Inbox, Processor
+from jetwake.snapshot.protocol.state_saver import StateSaver
 
 __all__ = ["SortProcessor", "MergeSortedProcessor"]
 

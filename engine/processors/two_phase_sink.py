@@ -34,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SnapshotError
-from ..processor import BroadcastKey, Inbox, Processor, ProcessorContext
+from jetwake.engine.core.errors import SnapshotError
+from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 
 __all__ = ["TwoPhaseCommitSink", "SavedBatch", "NO_MARKER"]
 

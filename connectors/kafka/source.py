@@ -1,0 +1,518 @@
+"""The Kafka source (Jet's ``StreamKafkaP``): a replayable stream whose offsets live in the
+job's snapshots.
+
+- Partitions are assigned to the processors of the whole job by Jet's formula: partition
+  ``p`` of the ``i``-th topic belongs to global processor
+  ``(i * max(1, total / len(topics)) + p) % total``. The consumer uses manual assignment, never
+  a group rebalance, so every member agrees on who reads what without talking.
+- Offsets (what to read next, per topic-partition) are saved at snapshot phase 1 under a
+  ``BroadcastKey``: at restore every processor sees every saved offset and keeps the ones of
+  the partitions it owns in the new layout, so a job resumes with another parallelism. With a
+  ``group.id`` in the properties the offsets of each committed snapshot are also committed to
+  that group (phase 2), only so that Kafka tooling shows the lag.
+- Every ``jetwake.partition.discovery.ms`` the topics' metadata is read again; partitions
+  added meanwhile are read from their beginning by their owner.
+- Records are consumed in batches (``consume(num_messages, timeout)``) and emitted as one
+  chunk of ``(timestamp, item)`` pairs: the pipeline unwraps them unless
+  ``with_native_timestamps`` uses the record timestamps as event time.
+- A record that cannot be deserialized (or projected) fails the job with its topic,
+  partition and offset, or with ``on_error="dead_letter"`` is written to the dead-letter topic
+  and counted (metric ``dead_letters``).
+
+The processor is non-cooperative: metadata reads, offset look-ups and retries while a broker
+is away are blocking calls, and ``consume`` with a short timeout releases the GIL while it
+waits; docs/performance.md compares it with a cooperative ``consume(timeout=0)`` loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from itertools import groupby
+from operator import itemgetter
+from typing import Any, Callable, Sequence
+
+from jetwake.engine.core.errors import JetwakeError, RestartableError
+from jetwake.engine.core.stream_items import IDLE_MESSAGE, Watermark
+from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
+from jetwake.connectors.kafka.serde import KafkaRecord
+
+__all__ = ["KafkaSourceProcessor", "KafkaSourceError", "KafkaDeserializationError",
+           "PartitionWatermarks", "owner_of_partition"]
+
+log = logging.getLogger("jetwake.kafka")
+
+OFFSET_BEGINNING = -2
+OFFSET_END = -1
+
+
+class KafkaSourceError(JetwakeError):
+    """The Kafka source cannot run: a topic is missing, the brokers do not answer..."""
+
+
+class KafkaDeserializationError(JetwakeError):
+    """A record could not be deserialized or projected; the message names its topic,
+    partition and offset."""
+
+
+def owner_of_partition(topic_index: int, partition: int, topic_count: int,
+                       total_parallelism: int) -> int:
+    """The global processor index reading ``partition`` of the ``topic_index``-th topic
+    (Jet's ``StreamKafkaP`` formula: topics start at spread-out processors)."""
+    start = topic_index * max(1, total_parallelism // topic_count)
+    return (start + partition) % total_parallelism
+
+
+class PartitionWatermarks:
+    """Per-partition event time, coalesced: the source's watermark is the minimum over its
+    active partitions of (highest timestamp seen in the partition - lag); a partition without
+    records for ``idle_timeout_ms`` stops holding it back, and when every partition is idle
+    the source says so (IDLE_MESSAGE)."""
+
+    def __init__(self, lag: int, idle_timeout_ms: int) -> None:
+        self.lag = lag
+        self.idle_timeout = idle_timeout_ms / 1000
+        self.tops: dict[Any, int] = {}
+        self.active: dict[Any, float] = {}   # partition -> monotonic time of its last record
+        self.last: int | None = None
+        self.idle = False
+
+    def add_partition(self, tp: Any, top: int | None = None) -> None:
+        if top is not None:
+            self.tops[tp] = max(top, self.tops.get(tp, top))
+        self.active.setdefault(tp, time.monotonic())
+
+    def observe(self, tp: Any, top: int, now: float) -> None:
+        if top > self.tops.get(tp, -(2**63)):
+            self.tops[tp] = top
+        self.active[tp] = now
+
+    def poll(self, now: float) -> Watermark | None:
+        """The watermark to emit now, if it changed (a Watermark or IDLE_MESSAGE)."""
+        limit = now - self.idle_timeout
+        live = [self.tops.get(tp) for tp, t in self.active.items() if t >= limit]
+        if not live:
+            if not self.idle:
+                self.idle = True
+                return IDLE_MESSAGE
+            return None
+        if any(t is None for t in live):
+            return None  # an active partition without a record yet: nothing known
+        wm = min(live) - self.lag
+        if self.idle or self.last is None or wm > self.last:
+            self.idle = False
+            self.last = wm if self.last is None else max(wm, self.last)
+            return Watermark(self.last)
+        return None
+
+
+_ts = itemgetter(1)
+
+
+class KafkaSourceProcessor(Processor):
+    def __init__(self, topics: Sequence[str], properties: dict, options: dict,
+                 key_deserializer: Callable | None, value_deserializer: Callable | None,
+                 start: Any, projection: Callable | None, on_error: str,
+                 dead_letter_topic: str | None) -> None:
+        self.topics = list(topics)
+        self.properties = properties
+        self.options = options
+        self.kd = key_deserializer
+        self.vd = value_deserializer
+        self.start = start
+        self.projection = projection
+        self.on_error = on_error
+        self.dead_letter_topic = dead_letter_topic
+        self.consumer: Any = None
+        self.counts: dict[str, int] = {}           # partitions known per topic
+        self.owned: list[tuple[str, int]] = []     # (topic, partition) read here
+        self.restored: dict[tuple[str, int], int] = {}
+        self.restored_counts: dict[str, int] = {}
+        self.restored_tops: dict[tuple[str, int], int] = {}
+        self.was_restored = False
+        self.started = False
+        self.start_offsets: dict[tuple[str, int], int] = {}
+        self.snapshot_offsets: dict[int, list] = {}
+        self.dead_letters: Any = None
+        self.wm: PartitionWatermarks | None = None
+        self._next_discovery = 0.0
+        self._last_error_log = 0.0
+
+    def is_cooperative(self) -> bool:
+        return False
+
+    # --- start -------------------------------------------------------------------------------
+
+    def init(self, context: ProcessorContext) -> None:
+        super().init(context)
+        from confluent_kafka import Consumer
+
+        self.index = context.global_processor_index
+        self.total = context.total_parallelism
+        props = dict(self.properties)
+        self.commit_group = "group.id" in props
+        props.setdefault("group.id", f"jetwake-{context.job_id}-{context.vertex_name}")
+        self.consumer = Consumer(props)
+        self.batch = self.options["jetwake.poll.batch"]
+        self.timeout = self.options["jetwake.poll.timeout.ms"] / 1000
+        self.discovery = self.options["jetwake.partition.discovery.ms"] / 1000
+        lag = self.options.get("jetwake.watermark.lag.ms", -1)
+        if lag >= 0:
+            self.wm = PartitionWatermarks(lag, self.options["jetwake.idle.timeout.ms"])
+        context.metrics.setdefault("dead_letters", 0)
+        context.metrics.setdefault("records_in", 0)
+        md = self._metadata_with_retry()
+        for t in self.topics:
+            self.counts[t] = len(md.topics[t].partitions)
+        if self.dead_letter_topic is not None:
+            from jetwake.connectors.kafka.dead_letter import DeadLetterWriter
+            self.dead_letters = DeadLetterWriter(self.dead_letter_topic, self.properties)
+
+    def _metadata_with_retry(self) -> Any:
+        """Cluster metadata with every topic present; retried with exponential back-off until
+        ``jetwake.startup.timeout.ms``."""
+        from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_delay,
+                              wait_exponential)
+
+        limit = self.options["jetwake.startup.timeout.ms"] / 1000
+        servers = self.properties.get("bootstrap.servers")
+
+        def fetch() -> Any:
+            md = self.consumer.list_topics(timeout=min(5.0, max(limit, 0.5)))
+            missing = [t for t in self.topics
+                       if t not in md.topics or md.topics[t].error is not None
+                       or not md.topics[t].partitions]
+            if missing:
+                raise _Missing(missing)
+            return md
+
+        try:
+            for attempt in Retrying(stop=stop_after_delay(limit),
+                                    wait=wait_exponential(multiplier=0.1, max=2.0),
+                                    retry=retry_if_exception_type(Exception), reraise=False):
+                with attempt:
+                    return fetch()
+        except RetryError as e:
+            cause = e.last_attempt.exception()
+            if isinstance(cause, _Missing):
+                raise KafkaSourceError(
+                    f"Sources.kafka(): topic(s) {cause.topics} do not exist on "
+                    f"{servers} (waited {limit:.0f} s); create them first") from None
+            raise KafkaSourceError(
+                f"Sources.kafka(): the Kafka brokers at {servers} did not answer within "
+                f"{limit:.0f} s (jetwake.startup.timeout.ms): {cause}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _owns(self, topic: str, partition: int) -> bool:
+        return owner_of_partition(self.topics.index(topic), partition, len(self.topics),
+                                  self.total) == self.index
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        self.was_restored = True
+        for key, value in inbox.drain():
+            if not (type(key) is BroadcastKey and type(key.key) is tuple
+                    and key.key[:1] == ("kafka-source",)):
+                continue
+            for t, n in value["counts"]:
+                self.restored_counts[t] = max(n, self.restored_counts.get(t, 0))
+            for t, p, off, top in value["offsets"]:
+                self.restored[(t, p)] = off
+                if top is not None:
+                    self.restored_tops[(t, p)] = top
+
+    def _start(self) -> None:
+        """Assigns the owned partitions at their start offsets (restored, or by ``start``)."""
+        from confluent_kafka import TopicPartition
+
+        self.started = True
+        for t in self.topics:
+            n = max(self.counts[t], self.restored_counts.get(t, 0))
+            self.counts[t] = n
+            for p in range(n):
+                if self._owns(t, p):
+                    self.owned.append((t, p))
+        fresh = []
+        for tp in self.owned:
+            if tp in self.restored:
+                self.start_offsets[tp] = self.restored[tp]
+            elif self.was_restored and tp[0] in self.restored_counts \
+                    and tp[1] >= self.restored_counts[tp[0]]:
+                self.start_offsets[tp] = OFFSET_BEGINNING  # added after that snapshot
+            else:
+                fresh.append(tp)
+        if fresh:
+            self.start_offsets.update(self._initial_offsets(fresh))
+        assignment = [TopicPartition(t, p, self.start_offsets[(t, p)]) for t, p in self.owned]
+        if assignment:
+            self.consumer.assign(assignment)
+        if self.wm is not None:
+            for tp in self.owned:
+                self.wm.add_partition(tp, self.restored_tops.get(tp))
+        self._next_discovery = time.monotonic() + self.discovery
+        log.debug("%s#%d reads %s", self.context.vertex_name, self.index, self.owned)
+
+    def _initial_offsets(self, tps: list) -> dict:
+        """Concrete offsets for ``start`` (so that a snapshot taken before the first record
+        still pins the position)."""
+        from confluent_kafka import TopicPartition
+
+        start = self.start
+        if start == "earliest":
+            return {tp: OFFSET_BEGINNING for tp in tps}
+        out = {}
+        if start == "latest":
+            for t, p in tps:
+                lo, hi = self._retry(lambda: self.consumer.get_watermark_offsets(
+                    TopicPartition(t, p), timeout=5.0))
+                out[(t, p)] = hi
+            return out
+        found = self._retry(lambda: self.consumer.offsets_for_times(
+            [TopicPartition(t, p, int(start)) for t, p in tps], timeout=10.0))
+        for tpo in found:
+            off = tpo.offset
+            if off < 0:  # no record at or after that time: start at the end
+                lo, off = self._retry(lambda: self.consumer.get_watermark_offsets(
+                    TopicPartition(tpo.topic, tpo.partition), timeout=5.0))
+            out[(tpo.topic, tpo.partition)] = off
+        return out
+
+    def _retry(self, fn: Callable[[], Any]) -> Any:
+        from tenacity import Retrying, stop_after_delay, wait_exponential
+
+        limit = self.options["jetwake.startup.timeout.ms"] / 1000
+        try:
+            for attempt in Retrying(stop=stop_after_delay(limit),
+                                    wait=wait_exponential(multiplier=0.1, max=2.0),
+                                    reraise=True):
+                with attempt:
+                    return fn()
+        except Exception as e:
+            raise KafkaSourceError(
+                f"Sources.kafka(): looking up start offsets on "
+                f"{self.properties.get('bootstrap.servers')} failed for {limit:.0f} s: "
+                f"{e}") from e
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def complete(self) -> bool:
+        if not self.started:
+            self._start()
+        if self.discovery and time.monotonic() >= self._next_discovery:
+            self._discover()
+        outbox = self.outbox
+        if not outbox.has_room():
+            return False
+        if not self.owned:
+            if self.wm is not None:
+                w = self.wm.poll(time.monotonic())
+                if w is not None:
+                    outbox.offer_control(w)
+            time.sleep(self.timeout)
+            return False
+        msgs = self.consumer.consume(self.batch, self.timeout)
+        if msgs:
+            self._emit(msgs)
+        elif self.wm is not None:
+            w = self.wm.poll(time.monotonic())
+            if w is not None:
+                outbox.offer_control(w)
+        return False
+
+    def _emit(self, msgs: list) -> None:
+        from confluent_kafka import Message
+
+        if any(map(Message.error, msgs)):
+            msgs = self._handle_errors(msgs)
+            if not msgs:
+                return
+        kd, vd = self.kd, self.vd
+        tss = list(map(_ts, map(Message.timestamp, msgs)))
+        try:
+            if self.projection is not None:
+                items = [self._project(m) for m in msgs]
+            elif kd is None and vd is None:
+                items = list(zip(map(Message.key, msgs), map(Message.value, msgs)))
+            elif kd is None:
+                items = list(zip(map(Message.key, msgs), map(vd, map(Message.value, msgs))))
+            elif vd is None:
+                items = list(zip(map(kd, map(Message.key, msgs)), map(Message.value, msgs)))
+            else:
+                items = list(zip(map(kd, map(Message.key, msgs)),
+                                 map(vd, map(Message.value, msgs))))
+        except Exception:  # noqa: BLE001 - find the bad record(s), then fail or dead-letter
+            items, tss = self._convert_one_by_one(msgs)
+        self.context.metrics["records_in"] += len(items)
+        if items:
+            self.outbox.offer_chunk(-1, list(zip(tss, items)))
+        if self.wm is not None:
+            now = time.monotonic()
+            wm = self.wm
+            if len(self.topics) == 1:
+                t0 = self.topics[0]
+                for p, run in groupby(zip(map(Message.partition, msgs), tss), itemgetter(0)):
+                    wm.observe((t0, p), max(map(_ts, run)), now)
+            else:
+                keys = zip(map(Message.topic, msgs), map(Message.partition, msgs))
+                for tp, run in groupby(zip(keys, tss), itemgetter(0)):
+                    wm.observe(tp, max(map(_ts, run)), now)
+            w = wm.poll(now)
+            if w is not None:
+                self.outbox.offer_control(w)
+
+    def _project(self, m: Any) -> Any:
+        kd, vd = self.kd, self.vd
+        k, v = m.key(), m.value()
+        rec = KafkaRecord(m.topic(), m.partition(), m.offset(), m.timestamp()[1],
+                          k if kd is None else kd(k), v if vd is None else vd(v),
+                          m.headers() or [])
+        return self.projection(rec)
+
+    def _convert_one_by_one(self, msgs: list) -> tuple[list, list]:
+        kd, vd = self.kd, self.vd
+        items, tss = [], []
+        for m in msgs:
+            try:
+                if self.projection is not None:
+                    item = self._project(m)
+                else:
+                    k, v = m.key(), m.value()
+                    item = (k if kd is None else kd(k), v if vd is None else vd(v))
+            except Exception as e:  # noqa: BLE001
+                self._bad_record(m, e)
+                continue
+            items.append(item)
+            tss.append(m.timestamp()[1])
+        return items, tss
+
+    def _bad_record(self, m: Any, error: BaseException) -> None:
+        where = f"topic {m.topic()!r}, partition {m.partition()}, offset {m.offset()}"
+        if self.on_error == "dead_letter":
+            self.dead_letters.write(m, error)
+            self.context.metrics["dead_letters"] += 1
+            log.warning("Sources.kafka(): record at %s cannot be read (%s: %s); written to "
+                        "dead-letter topic %r", where, type(error).__name__, error,
+                        self.dead_letter_topic)
+            return
+        raise KafkaDeserializationError(
+            f"Sources.kafka(): cannot deserialize the record at {where}: "
+            f"{type(error).__name__}: {error} (key {_short(m.key())}, value "
+            f"{_short(m.value())}). Pass on_error='dead_letter' with a dead_letter_topic to "
+            "route such records aside instead of failing the job") from error
+
+    def _handle_errors(self, msgs: list) -> list:
+        from confluent_kafka import KafkaError
+
+        good = []
+        for m in msgs:
+            err = m.error()
+            if err is None:
+                good.append(m)
+                continue
+            if err.code() == KafkaError._PARTITION_EOF:
+                continue
+            if err.fatal():
+                raise RestartableError(f"Sources.kafka(): fatal consumer error: {err}")
+            now = time.monotonic()
+            if now - self._last_error_log > 5:
+                self._last_error_log = now
+                log.warning("Sources.kafka() on %s: %s (retrying)",
+                            self.properties.get("bootstrap.servers"), err)
+        return good
+
+    def _discover(self) -> None:
+        from confluent_kafka import TopicPartition
+
+        self._next_discovery = time.monotonic() + self.discovery
+        try:
+            md = self.consumer.list_topics(timeout=2.0)
+        except Exception as e:  # noqa: BLE001 - a broker away for a moment: try again later
+            log.debug("partition discovery failed: %s", e)
+            return
+        added = []
+        for t in self.topics:
+            tmd = md.topics.get(t)
+            if tmd is None or tmd.error is not None:
+                continue
+            n = len(tmd.partitions)
+            if n > self.counts[t]:
+                for p in range(self.counts[t], n):
+                    if self._owns(t, p):
+                        added.append((t, p))
+                self.counts[t] = n
+        if added:
+            log.info("%s#%d: new partitions %s, reading them from the beginning",
+                     self.context.vertex_name, self.index, added)
+            for tp in added:
+                self.owned.append(tp)
+                self.start_offsets[tp] = OFFSET_BEGINNING
+                if self.wm is not None:
+                    self.wm.add_partition(tp)
+            self.consumer.incremental_assign(
+                [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in added])
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def _positions(self) -> list:
+        if not self.owned:
+            return []
+        from confluent_kafka import TopicPartition
+
+        pos = self.consumer.position([TopicPartition(t, p) for t, p in self.owned])
+        out = []
+        tops = self.wm.tops if self.wm is not None else {}
+        for tpo in pos:
+            tp = (tpo.topic, tpo.partition)
+            off = tpo.offset if tpo.offset >= 0 else self.start_offsets.get(tp, OFFSET_BEGINNING)
+            out.append([tp[0], tp[1], off, tops.get(tp)])
+        return out
+
+    def save_to_snapshot(self) -> bool:
+        if not self.started:
+            self._start()
+        if self.dead_letters is not None:
+            self.dead_letters.flush()  # a dead letter is durable before its offset is saved
+        offsets = self._positions()
+        snap = self.context.snapshot
+        if self.commit_group and snap is not None:
+            self.snapshot_offsets[snap.requested_id] = offsets
+        return self.outbox.offer_to_snapshot(
+            BroadcastKey(("kafka-source", self.index)),
+            {"offsets": offsets, "counts": [[t, n] for t, n in self.counts.items()]})
+
+    def snapshot_commit_finish(self, success: bool) -> bool:
+        snap = self.context.snapshot
+        if not self.commit_group or snap is None:
+            return True
+        offsets = self.snapshot_offsets.pop(snap.phase2_id, None)
+        for sid in [s for s in self.snapshot_offsets if s < snap.phase2_id]:
+            del self.snapshot_offsets[sid]
+        if success and offsets:
+            from confluent_kafka import TopicPartition
+            tps = [TopicPartition(t, p, o) for t, p, o, _ in offsets if o >= 0]
+            if tps:
+                try:
+                    self.consumer.commit(offsets=tps, asynchronous=True)
+                except Exception as e:  # noqa: BLE001 - only for lag visibility
+                    log.debug("committing offsets to group failed: %s", e)
+        return True
+
+    def close(self) -> None:
+        if self.dead_letters is not None:
+            self.dead_letters.close()
+        if self.consumer is not None:
+            try:
+                self.consumer.close()
+            except Exception:  # noqa: BLE001
+                log.debug("consumer close failed", exc_info=True)
+            self.consumer = None
+
+
+class _Missing(Exception):
+    def __init__(self, topics: list) -> None:
+        super().__init__(f"missing topics {topics}")
+        self.topics = topics
+
+
+def _short(b: Any, n: int = 60) -> str:
+    r = repr(b)
+    return r if len(r) <= n else r[:n - 3] + "..."

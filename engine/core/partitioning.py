@@ -1,0 +1,77 @@
+"""Keys to partitions, and partitions to processors (DESIGN.md §3).
+
+A key belongs to one of ``PARTITION_COUNT`` partitions by a CRC-32 of its serialized bytes,
+so the mapping is the same in every process and on every host (Python's ``hash()`` is salted
+per process and would scatter a key's state). Partitions are spread over members, and each
+member spreads its partitions over the local processors of a vertex: the result is one table
+per vertex from partition id to global processor index.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Sequence
+
+from jetwake.engine.core.serialization import dumps
+
+__all__ = [
+    "PARTITION_COUNT", "partition_of", "member_partitions", "processor_partition_table",
+    "partitions_of_processor",
+]
+
+PARTITION_COUNT = 271
+
+
+def partition_of(key: Any) -> int:
+    """The partition of ``key``: stable across processes, hosts and Python versions."""
+    if type(key) is str:
+        # the common case without msgpack: CRC-32 continued from the msgpack str header's
+        # CRC gives exactly crc32(dumps(key))
+        data = key.encode()
+        n = len(data)
+        if n < 256:
+            return zlib.crc32(data, _STR_HEADER_CRC[n]) % PARTITION_COUNT
+    return zlib.crc32(dumps(_canonical(key))) % PARTITION_COUNT
+
+
+def _canonical(key: Any) -> Any:
+    """Keys equal in Python (1, 1.0, True) must share a partition, as they share a dict slot."""
+    t = type(key)
+    if t is bool:
+        return int(key)
+    if t is float and key.is_integer():
+        return int(key)
+    if t is tuple:
+        return tuple(_canonical(k) for k in key)
+    return key
+
+
+_STR_HEADER_CRC = tuple(
+    zlib.crc32(bytes((0xA0 | n,)) if n < 32 else bytes((0xD9, n))) for n in range(256))
+
+
+def member_partitions(member_index: int, member_count: int) -> list[int]:
+    """Partitions owned by a member: a round-robin split of all partitions."""
+    if not 0 <= member_index < member_count:
+        raise ValueError(f"member_index {member_index} outside [0, {member_count})")
+    return list(range(member_index, PARTITION_COUNT, member_count))
+
+
+def partitions_of_processor(member_index: int, member_count: int, local_index: int,
+                            local_parallelism: int) -> list[int]:
+    """Partitions a processor owns: its member's partitions, split among local processors."""
+    owned = member_partitions(member_index, member_count)
+    return owned[local_index::local_parallelism]
+
+
+def processor_partition_table(member_count: int, local_parallelism: int) -> Sequence[int]:
+    """Partition id -> global processor index, for a vertex of that shape.
+
+    The global index of local processor ``i`` on member ``m`` is ``m * local_parallelism + i``.
+    """
+    table = [0] * PARTITION_COUNT
+    for m in range(member_count):
+        for i in range(local_parallelism):
+            for p in partitions_of_processor(m, member_count, i, local_parallelism):
+                table[p] = m * local_parallelism + i
+    return tuple(table)
