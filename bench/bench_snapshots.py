@@ -24,7 +24,7 @@ from jetwake import (
     ProcessorMetaSupplier, Sinks, Source,
 )
 
-from jetwake.snapshot.state.keyed_state import RocksDBStateBackend
+from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
 
 from .report import figure, line, timer
 

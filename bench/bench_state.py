@@ -20,7 +20,8 @@ from typing import Callable
 from jetwake.engine.core.partitioning import PARTITION_COUNT
 from jetwake.engine.core.serialization import dumps
 from jetwake.snapshot.store.snapshot_files import load_files, save_files
-from jetwake.snapshot.state.keyed_state import InMemoryStateBackend, RocksDBStateBackend
+from jetwake.snapshot.state.keyed_state import InMemoryStateBackend
+from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
 
 from .report import figure, line, timer
 

@@ -16,11 +16,12 @@ from jetwake import (
 )
 from jetwake.engine.core.partitioning import PARTITION_COUNT, partition_of, partitions_of_processor
 from jetwake.engine.core.serialization import dumps, loads
-from jetwake.snapshot.state.rocksdb_checkpoint import read_checkpoint_entries, restore_keyed_state
+from jetwake.snapshot.state.rocksdb_files import read_checkpoint_entries
+from jetwake.snapshot.state.state_snapshots import restore_keyed_state
 from jetwake.snapshot.store.snapshot_files import (
     SnapshotFiles, SnapshotFilesDamagedError, load_files, save_files,
 )
-from jetwake.snapshot.state.keyed_state import RocksDBStateBackend
+from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
 
 # --- SnapshotFiles, save_files, load_files ------------------------------------------------------
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from jetwake.engine.core.partitioning import PARTITION_COUNT, partition_of
 from jetwake.engine.core.serialization import SerializationError, dumps, loads
 from jetwake.snapshot.state.keyed_state import (
-    ENTRY_OVERHEAD_BYTES, InMemoryStateBackend, KeyedStateBackend, RocksDBStateBackend,
-    storage_key,
+    ENTRY_OVERHEAD_BYTES, InMemoryStateBackend, KeyedStateBackend, storage_key,
 )
+from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
 
 TINY_CACHE = 4 * 1024
 
@@ -196,7 +196,7 @@ def _run_and_die(path: str, cache_bytes: int, body: str) -> None:
     """Run ``body`` with a RocksDBStateBackend ``b`` in a child that exits without closing."""
     script = textwrap.dedent("""
         import os, sys
-        from jetwake.snapshot.state.keyed_state import RocksDBStateBackend
+        from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
         b = RocksDBStateBackend(sys.argv[1], cache_bytes=int(sys.argv[2]))
     """) + textwrap.dedent(body) + "\nos._exit(0)\n"
     subprocess.run([sys.executable, "-c", script, path, str(cache_bytes)], check=True,

@@ -760,7 +760,7 @@ def rocksdb_state(tmp_path):
     instance, as every restored execution gets."""
     import itertools
 
-    from jetwake.snapshot.state.keyed_state import RocksDBStateBackend
+    from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
     counter = itertools.count()
 
     def factory(vertex: str, index: int, name: str) -> RocksDBStateBackend:

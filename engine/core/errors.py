@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import sys
 
-__all__ = ["JetwakeError", "JobNotFoundError", "JobCancelledError", "JobStateError",
+__all__ = ["PipelineError", "JetwakeError", "JobNotFoundError", "JobCancelledError", "JobStateError",
            "SnapshotNotFoundError", "RestartableError", "SnapshotError", "FallbackRefusedError",
            "SnapshotWriteError", "DataDirectoryLockedError", "is_restartable_cause"]
 
@@ -144,3 +144,7 @@ def is_restartable_cause(error: BaseException) -> bool:
         # __context__) is often unrelated to it
         current = current.__cause__
     return False
+
+
+class PipelineError(ValueError):
+    """The pipeline is wired wrongly; the message names the stage."""

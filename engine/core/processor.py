@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.core.stream_items import Watermark
 from jetwake.engine.core.serialization import BROADCAST_KEY_TYPE_ID, register_type
 
@@ -255,8 +256,10 @@ class ProcessorContext:
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("jetwake"))
     metrics: dict = field(default_factory=dict)
     snapshot: "SnapshotContext | None" = None
-    # (vertex, processor index, name) -> a keyed state backend; chosen by JobConfig
+    # (vertex, processor index, name) -> a keyed state backend; the engine sets it from
+    # JobConfig.state_backend, which ``state_backend`` names ("memory", "rocksdb")
     state_factory: Any = None
+    state_backend: str = "memory"
     _states: list = field(default_factory=list)
 
     def keyed_state(self, name: str = "state"):
@@ -264,10 +267,11 @@ class ProcessorContext:
         cache when the job's ``JobConfig.state_backend`` is "rocksdb". Its content is the
         processor's to save in snapshots; it is deleted when the execution ends."""
         if self.state_factory is None:
-            from jetwake.snapshot.state.keyed_state import InMemoryStateBackend
-            backend = InMemoryStateBackend()
-        else:
-            backend = self.state_factory(self.vertex_name, self.global_processor_index, name)
+            raise JetwakeError(
+                f"{self.vertex_name}#{self.global_processor_index}: this ProcessorContext has no "
+                "state_factory; the engine gives every processor one (to test a processor on "
+                "its own, use jetwake.testing.verify_processor)")
+        backend = self.state_factory(self.vertex_name, self.global_processor_index, name)
         self._states.append(backend)
         return backend
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["Watermark", "SnapshotBarrier", "DONE", "IDLE_TIMESTAMP", "IDLE_MESSAGE"]
+__all__ = ["Watermark", "SnapshotBarrier", "DONE", "IDLE_TIMESTAMP", "IDLE_MESSAGE",
+           "NO_WATERMARK"]
 
 IDLE_TIMESTAMP = sys.maxsize
 """A watermark with this timestamp says "this input is idle": coalescing ignores it."""
+
+NO_WATERMARK = -(2**63)
+"""The event time of an input before its first watermark."""
 
 
 class Watermark:

@@ -38,6 +38,7 @@ class PlanContext:
     outbox_capacity: int = 4096
     snapshot: Any = None
     state_factory: Any = None
+    state_backend: str = "memory"
 
 
 def resolve_parallelism(dag: DAG, default: int) -> dict[str, int]:
@@ -88,7 +89,8 @@ def build_tasklets(dag: DAG, ctx: PlanContext) -> list[ProcessorTasklet]:
                 processing_guarantee=ctx.processing_guarantee,
                 owned_partitions=tuple(partitions_of_processor(
                     ctx.member_index, ctx.member_count, i, n)),
-                member=ctx.member, snapshot=ctx.snapshot, state_factory=ctx.state_factory)
+                member=ctx.member, snapshot=ctx.snapshot, state_factory=ctx.state_factory,
+                state_backend=ctx.state_backend)
             tasklets.append(ProcessorTasklet(proc, pctx, inbound, outbound, coalescer,
                                              ctx.outbox_capacity, ctx.snapshot))
     return tasklets

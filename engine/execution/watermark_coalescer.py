@@ -9,11 +9,10 @@ last watermark is repeated to say so. The output never goes backwards.
 
 from __future__ import annotations
 
-from jetwake.engine.core.stream_items import IDLE_TIMESTAMP
+from jetwake.engine.core.stream_items import NO_WATERMARK, IDLE_TIMESTAMP
 
 __all__ = ["WatermarkCoalescer", "NO_WATERMARK"]
 
-NO_WATERMARK = -(2**63)
 
 
 class WatermarkCoalescer:

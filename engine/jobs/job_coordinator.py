@@ -31,6 +31,8 @@ from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 from jetwake.snapshot.protocol.restore import restore_state
+from jetwake.snapshot.state.keyed_state import in_memory_state_factory
+from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
 
 if TYPE_CHECKING:  # pragma: no cover
     from jetwake.engine.jobs.member import Member
@@ -401,7 +403,8 @@ class JobCoordinator:
                           processing_guarantee=self.config.processing_guarantee,
                           default_parallelism=self._default_parallelism(),
                           member=self.member, snapshot=snapshot,
-                          state_factory=self._state_factory())
+                          state_factory=self._state_factory(),
+                          state_backend=self.config.state_backend)
         tasklets = build_tasklets(self.dag, ctx)
         initialized = []
         try:
@@ -424,8 +427,7 @@ class JobCoordinator:
     def _state_factory(self):
         """Creates each processor's keyed state store, per JobConfig.state_backend."""
         if self.config.state_backend != "rocksdb":
-            return None
-        from jetwake.snapshot.state.keyed_state import RocksDBStateBackend
+            return in_memory_state_factory
         root = os.path.join(self.member.data_dir, "state", self.job_id,  # type: ignore[arg-type]
                             f"execution-{self.restart_count}-{time.monotonic_ns()}")
         cache = self.config.state_cache_bytes

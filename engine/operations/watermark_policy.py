@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from jetwake.engine.execution.watermark_coalescer import NO_WATERMARK
+from jetwake.engine.core.stream_items import NO_WATERMARK
 
 __all__ = ["WatermarkPolicy", "NO_WATERMARK", "throttle"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jetwake.engine.pipeline.pipeline import PipelineError
+from jetwake.engine.core.errors import PipelineError
 
 __all__ = ["WindowDefinition"]
 

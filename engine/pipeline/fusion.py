@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-__all__ = ["StatelessOp", "compile_chain", "is_identity"]
+__all__ = ["StatelessOp", "compile_chain"]
 
 # ("map" | "filter" | "flat_map", fn), or ("chunk", fn) for a step that maps lists already
 StatelessOp = tuple[str, Callable[[Any], Any]]
@@ -51,14 +51,3 @@ def compile_chain(ops: Sequence[StatelessOp]) -> Callable[[list], list] | None:
         return items
 
     return fused
-
-
-_IDENTITY_CODE = (lambda x: x).__code__.co_code
-
-
-def is_identity(fn: Callable[[Any], Any]) -> bool:
-    """Whether ``fn`` is a plain ``lambda x: x`` (by its bytecode), so that a stage keyed by
-    it can use the items themselves as keys without a Python call per item."""
-    code = getattr(fn, "__code__", None)
-    return (code is not None and code.co_code == _IDENTITY_CODE and code.co_argcount == 1
-            and not getattr(fn, "__defaults__", None) and not getattr(fn, "__closure__", None))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
+from jetwake.engine.core.errors import PipelineError
 from jetwake.engine.operations.aggregate import AggregateOperation
 from jetwake.engine.pipeline.connector import Sink, Source
 from jetwake.engine.pipeline.transforms import (
@@ -28,10 +29,6 @@ __all__ = ["Pipeline", "Stage", "GroupedStage", "SinkStage", "PipelineError", "W
            "WindowedGroupedStage"]
 
 T = TypeVar("T", bound=Transform)
-
-
-class PipelineError(ValueError):
-    """The pipeline is wired wrongly; the message names the stage."""
 
 
 def check_fn(fn: Any, where: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from jetwake.engine.core.chunk_emitter import ChunkEmitter
 from jetwake.engine.operations.aggregate import AggregateOperation
-from jetwake.engine.pipeline.fusion import is_identity
+from jetwake.engine.core.functions import is_identity
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor
 from jetwake.snapshot.protocol.state_saver import StateSaver
 

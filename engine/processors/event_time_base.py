@@ -17,7 +17,7 @@ from collections import deque
 from operator import itemgetter
 from typing import Any, Callable, Iterator
 
-from jetwake.engine.execution.watermark_coalescer import NO_WATERMARK
+from jetwake.engine.core.stream_items import NO_WATERMARK
 from jetwake.engine.core.stream_items import IDLE_TIMESTAMP, Watermark
 from jetwake.engine.core.processor import Processor, ProcessorContext
 

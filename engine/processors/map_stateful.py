@@ -17,7 +17,7 @@ import heapq
 import sys
 from typing import Any, Callable
 
-from jetwake.snapshot.state.rocksdb_checkpoint import (
+from jetwake.snapshot.state.state_snapshots import (
     restore_keyed_state, saved_state_files, state_snapshot_entries,
 )
 from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
@@ -53,7 +53,7 @@ class MapStatefulProcessor(EventTimeProcessor):
         if self.ttl is not None:
             context.metrics.setdefault("late_events", 0)
             context.metrics.setdefault("evicted_keys", 0)
-        if context.state_factory is not None:  # JobConfig(state_backend="rocksdb")
+        if context.state_backend != "memory":  # JobConfig(state_backend="rocksdb")
             self.states = context.keyed_state("states")
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
@@ -165,7 +165,7 @@ class MapStatefulProcessor(EventTimeProcessor):
     def _snapshot_entries(self):
         yield BroadcastKey("map-stateful-watermark"), self.wm
         last_ts = self.last_ts
-        # RocksDB state: one entry referring to a checkpoint's files (see rocksdb_checkpoint);
+        # RocksDB state: one entry referring to a checkpoint's files (see snapshot/state/state_snapshots.py);
         # the last event times of a ttl live in memory and are saved per key beside it
         files = state_snapshot_entries(self.context, "states", self.states)
         if files is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from jetwake.snapshot.state.rocksdb_checkpoint import (
+from jetwake.snapshot.state.state_snapshots import (
     restore_keyed_state, saved_state_files, state_snapshot_entries,
 )
 from jetwake.engine.operations.aggregate import AggregateOperation
@@ -32,7 +32,7 @@ class RollingAggregateProcessor(EventTimeProcessor):
 
     def init(self, context) -> None:
         super().init(context)
-        if context.state_factory is not None:  # JobConfig(state_backend="rocksdb")
+        if context.state_backend != "memory":  # JobConfig(state_backend="rocksdb")
             self.accs = context.keyed_state("accumulators")
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
@@ -72,7 +72,7 @@ class RollingAggregateProcessor(EventTimeProcessor):
     _restored_files: list | None = None  # saved RocksDB checkpoints, restored at the end
 
     def _snapshot_entries(self):
-        # RocksDB state: one entry referring to a checkpoint's files (see rocksdb_checkpoint)
+        # RocksDB state: one entry referring to a checkpoint's files (see snapshot/state/state_snapshots.py)
         files = state_snapshot_entries(self.context, "accumulators", self.accs)
         if files is not None:
             return files

@@ -38,6 +38,7 @@ from jetwake.engine.core.meta_supplier import (
 from jetwake.engine.core.partitioning import (
     partition_of, partitions_of_processor, processor_partition_table,
 )
+from jetwake.snapshot.state.keyed_state import in_memory_state_factory
 from jetwake.snapshot.store.snapshot_files import SnapshotFiles, load_files, save_files
 from jetwake.snapshot.store.snapshot_store import _FilesRef
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Outbox, Processor, ProcessorContext
@@ -51,7 +52,7 @@ DEFAULT_RUN_TIMEOUT = 30.0         # seconds a run may take before it counts as 
 
 # fields of ProcessorContext that .context() may set; the others follow from the parallelism
 _CONTEXT_FIELDS = ("job_id", "job_name", "vertex_name", "processing_guarantee", "member",
-                   "logger", "state_factory")
+                   "logger", "state_factory", "state_backend")
 _GUARANTEES = ("none", "at_least_once", "exactly_once")
 _verify_runs = itertools.count(1)  # makes each run's job id unique, like a new job
 
@@ -374,6 +375,10 @@ class _Run:
             owned_partitions=partitions_of_processor(member_index, member_count, local_index, lp),
             snapshot=self.snap if settings.get("processing_guarantee") != "none" else None,
             logger=settings.pop("logger", logging.getLogger("jetwake.testing")),
+            state_factory=settings.pop("state_factory", in_memory_state_factory),
+            # a state factory given by the test stands for a backend other than memory
+            state_backend=settings.pop("state_backend",
+                                       "custom" if "state_factory" in v._context else "memory"),
             **settings)
 
     def _factory(self) -> Callable[[], Any]:

@@ -12,22 +12,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from jetwake.engine.core.errors import SnapshotError
-from jetwake.engine.execution.tasklet import ProcessorTasklet
 from jetwake.engine.core.partitioning import partition_of, processor_partition_table
 from jetwake.engine.core.processor import BroadcastKey, Inbox
 
 if TYPE_CHECKING:  # pragma: no cover
+    from jetwake.engine.execution.tasklet import ProcessorTasklet
     from jetwake.snapshot.store.snapshot_store import SnapshotReader
 
 __all__ = ["restore_state"]
 
 
-def restore_state(tasklets: list[ProcessorTasklet], reader: "SnapshotReader",
+def restore_state(tasklets: "list[ProcessorTasklet]", reader: "SnapshotReader",
                   snapshot_desc: str) -> None:
     """Streams the saved entries of ``reader``'s snapshot, chunk by chunk, to the processors'
     restore hooks; raises SnapshotError on a mismatch between the snapshot and the job and
     SnapshotDamagedError when saved data does not decode."""
-    by_vertex: dict[str, list[ProcessorTasklet]] = {}
+    by_vertex: "dict[str, list[ProcessorTasklet]]" = {}
     for t in tasklets:
         by_vertex.setdefault(t.context.vertex_name, []).append(t)
     files = reader.record.files
@@ -68,7 +68,7 @@ def restore_state(tasklets: list[ProcessorTasklet], reader: "SnapshotReader",
             raise SnapshotError(f"{t.name}: finish_snapshot_restore() never returned True")
 
 
-def _restore_one(t: ProcessorTasklet, entries: list) -> None:
+def _restore_one(t: "ProcessorTasklet", entries: list) -> None:
     if not entries:
         return
     inbox = Inbox(entries)

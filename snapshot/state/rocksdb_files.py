@@ -1,6 +1,6 @@
-"""Snapshots of RocksDB keyed state as RocksDB's own files, and restores from them.
+"""RocksDB's own files as snapshots of keyed state: checkpoints, their contents, options.
 
-A snapshot of a :class:`~jetwake.snapshot.state.keyed_state.RocksDBStateBackend` is a RocksDB
+A snapshot of a :class:`~jetwake.snapshot.state.rocksdb_backend.RocksDBStateBackend` is a RocksDB
 checkpoint: after the write-back cache is flushed in one WriteBatch, RocksDB writes its memtable
 out and creates a directory of hard links to its SST files (plus small copies of the MANIFEST,
 CURRENT and OPTIONS files). The processor offers that directory as one snapshot entry,
@@ -18,7 +18,7 @@ files are only ever linked or copied from, never opened in place: RocksDB writes
 directory of a database it opens.
 
 The processor side (save and restore of one named keyed state, whatever the backend) is
-:func:`state_snapshot_entries`, :func:`saved_state_files` and :func:`restore_keyed_state`.
+``snapshot/state/state_snapshots.py``.
 """
 
 from __future__ import annotations
@@ -26,20 +26,18 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator
+
+from rocksdict import BlockBasedOptions, Options, ReadOptions, Rdict
 
 from jetwake.engine.core.partitioning import PARTITION_COUNT
-from jetwake.engine.core.processor import BroadcastKey
 from jetwake.engine.core.serialization import loads
+from jetwake.snapshot.state.keyed_state import _PREFIX
 from jetwake.snapshot.store.snapshot_files import SnapshotFiles, _check_name
-
-if TYPE_CHECKING:  # pragma: no cover
-    from jetwake.engine.core.processor import ProcessorContext
 
 __all__ = [
     "CHECKPOINT_FORMAT", "checkpoint_meta", "checkpoint_partitions", "materialize",
-    "partition_runs", "state_snapshot_entries", "saved_state_files", "restore_keyed_state",
-    "read_checkpoint_entries",
+    "partition_runs", "read_checkpoint_entries", "rocksdb_options",
 ]
 
 CHECKPOINT_FORMAT = "jetwake-rocksdb-checkpoint"
@@ -122,59 +120,10 @@ def partition_runs(partitions: Iterable[int]) -> list[tuple[int, int]]:
     return runs
 
 
-# --- the processor side ------------------------------------------------------------------------
-
-def _uses_files(state: Any) -> bool:
-    from jetwake.snapshot.state.keyed_state import RocksDBStateBackend
-    return isinstance(state, RocksDBStateBackend) and state.snapshot_as_files
-
-
-def state_snapshot_entries(context: "ProcessorContext", name: str, state: Any
-                           ) -> Iterator[tuple[Any, Any]] | None:
-    """The snapshot entry of the keyed state ``name`` as files, or None when it is saved entry
-    by entry (a dict, the in-memory backend, or RocksDB with ``snapshot_as_files`` off).
-
-    Phase 1: flushes the write-back cache in one WriteBatch, takes a RocksDB checkpoint and
-    returns one entry ``(BroadcastKey((vertex, processor index, name)), SnapshotFiles)``. The
-    key is a broadcast key because after a change of parallelism every processor may own some
-    of the partitions in these files.
-    """
-    if not _uses_files(state):
-        return None
-    key = BroadcastKey((context.vertex_name, context.global_processor_index, name))
-    return iter(((key, state.checkpoint()),))
-
-
-def saved_state_files(key: Any, value: Any, name: str) -> SnapshotFiles | None:
-    """``value`` when the restored entry ``(key, value)`` is saved files of the state ``name``
-    (see :func:`state_snapshot_entries`), else None."""
-    if type(value) is not SnapshotFiles or type(key) is not BroadcastKey:
-        return None
-    k = key.key
-    if isinstance(k, (tuple, list)) and len(k) == 3 and k[2] == name:
-        return value
-    return None
-
-
-def restore_keyed_state(state: Any, saved: list[SnapshotFiles],
-                        owned_partitions: Iterable[int]) -> None:
-    """Restores the ``owned_partitions`` of the saved checkpoints into ``state``: a RocksDB
-    backend opens the files (:meth:`RocksDBStateBackend.restore_checkpoints`); any other state
-    (a dict, or a backend in memory) receives their entries one by one."""
-    from jetwake.snapshot.state.keyed_state import RocksDBStateBackend
-    if isinstance(state, RocksDBStateBackend):
-        state.restore_checkpoints(saved, owned_partitions)
-        return
-    for key, value in read_checkpoint_entries(saved, owned_partitions):
-        state[key] = value
-
-
 def read_checkpoint_entries(saved: list[SnapshotFiles], partitions: Iterable[int]
                             ) -> Iterator[tuple[Any, Any]]:
     """The (key, value) entries of ``partitions`` in saved checkpoints, read through a
     temporary copy of each (for state that does not live in RocksDB)."""
-    from jetwake.snapshot.state.keyed_state import _rocksdb_options, _PREFIX
-    from rocksdict import ReadOptions, Rdict
     wanted = set(partitions)
     for files in saved:
         present = [p for p, c in checkpoint_partitions(files).items() if c and p in wanted]
@@ -184,7 +133,7 @@ def read_checkpoint_entries(saved: list[SnapshotFiles], partitions: Iterable[int
         db_dir = os.path.join(tmp, "db")
         try:
             materialize(files, db_dir)
-            db = Rdict(db_dir, _rocksdb_options())
+            db = Rdict(db_dir, rocksdb_options())
             try:
                 for first, end in partition_runs(present):
                     read_opt = ReadOptions()
@@ -195,3 +144,20 @@ def read_checkpoint_entries(saved: list[SnapshotFiles], partitions: Iterable[int
                 db.close()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+_WRITE_BUFFER_BYTES = 16 * 2**20
+
+
+def rocksdb_options() -> Options:
+    """The options of every keyed-state database (and of the copies a restore reads)."""
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    # a checkpoint first writes the memtable out to an SST file; with memtables of 16 MiB
+    # (RocksDB's default is 64) most of that happens in the background as they fill, and a
+    # snapshot of 1M keys measured 0.44-0.57 s instead of 0.65 s
+    options.set_write_buffer_size(_WRITE_BUFFER_BYTES)
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    options.set_block_based_table_factory(table)
+    return options
