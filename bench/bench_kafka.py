@@ -1,7 +1,7 @@
 """Kafka through the engine beside a raw confluent-kafka consume-and-produce loop.
 
 1 million 100-byte records over 6 partitions, against ``KAFKA_BOOTSTRAP_SERVERS`` or a local
-broker started for the run (docker/local-kafka/kafka_local.py on a free port, stopped after):
+broker started for the run (tests/support/local_kafka/kafka_local.py on a free port, stopped after):
 
 (a) Kafka -> map -> Kafka, at-least-once;
 (b) Kafka -> with_native_timestamps -> tumbling 10 s window count per key -> Kafka,
@@ -32,7 +32,7 @@ VALUE = b"x" * 100
 
 
 def _kafka_local():
-    path = Path(__file__).resolve().parent.parent / "docker" / "local-kafka" / "kafka_local.py"
+    path = Path(__file__).resolve().parent.parent / "tests" / "support" / "local_kafka" / "kafka_local.py"
     spec = importlib.util.spec_from_file_location("kafka_local", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["kafka_local"] = mod

@@ -7,7 +7,7 @@ Loaded from tests/conftest.py (``pytest_plugins = ["kafka_broker"]``). Fixtures:
 
     1. ``$KAFKA_BOOTSTRAP_SERVERS`` if set (an external broker; used as is);
     2. testcontainers' ``KafkaContainer`` if a Docker engine answers;
-    3. a local KRaft broker started by docker/local-kafka/kafka_local.py on a free loopback
+    3. a local KRaft broker started by tests/support/local_kafka/kafka_local.py on a free loopback
        port (jars fetched with Maven on first use), stopped at the end of the session.
 
     If none of them can be had the requesting tests fail (they are never skipped).
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import pytest
 
-_KAFKA_LOCAL = Path(__file__).resolve().parent.parent / "docker" / "local-kafka" / "kafka_local.py"
+_KAFKA_LOCAL = Path(__file__).resolve().parent / "support" / "local_kafka" / "kafka_local.py"
 
 
 def _kafka_local():
-    """Import docker/local-kafka/kafka_local.py (its folder is not a package)."""
+    """Import tests/support/local_kafka/kafka_local.py (its folder is not a package)."""
     mod = sys.modules.get("kafka_local")
     if mod is None:
         spec = importlib.util.spec_from_file_location("kafka_local", _KAFKA_LOCAL)
@@ -93,7 +93,7 @@ def kafka_bootstrap():
     try:
         bootstrap = kl.start_broker(port)
     except Exception as e:  # noqa: BLE001
-        errors.append(f"local broker (docker/local-kafka/kafka_local.py) on port {port}: "
+        errors.append(f"local broker (tests/support/local_kafka/kafka_local.py) on port {port}: "
                       f"{type(e).__name__}: {e}")
         kl.stop_broker(port)
     if bootstrap is None:
@@ -133,8 +133,7 @@ while True:
 def _watch_for_orphaning(port: int) -> None:
     """Stops the session's broker if this pytest process dies without its teardown (killed by
     a timeout, say): a small process of its own session watches the test process."""
-    script_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                              "docker", "local-kafka")
+    script_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "local_kafka")
     subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(port), script_dir],
                      start_new_session=True, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

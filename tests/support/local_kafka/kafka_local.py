@@ -6,7 +6,7 @@
     kafka_local.py status [--port P]
 
 The port defaults to $KAFKA_PORT, else 9092. The broker jars are fetched on first use with
-Maven (docker/local-kafka/pom.xml -> .cache/kafka/lib/) and run with the local `java`.
+Maven (tests/support/local_kafka/pom.xml -> .cache/kafka/lib/) and run with the local `java`.
 Everything a broker writes lives in .cache/kafka/run-<port>/ (data, server properties,
 broker log, pid file); `down` removes that directory.
 
@@ -14,7 +14,7 @@ With --nodes 3 three processes are started, each a combined broker+controller, w
 listeners on P, P+1, P+2 and a three-voter controller quorum on other free ports.
 
 The functions start_broker(), stop_broker(), broker_ready() and broker_status() are the
-importable API (used by tests/kafka_broker.py). Only the standard library is used, except
+importable API (used by tests/kafka_broker.py and bench/bench_kafka.py). Only the standard library is used, except
 confluent_kafka for the Admin-API readiness check, which is imported lazily.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent.parent
+REPO_ROOT = HERE.parent.parent.parent
 POM = HERE / "pom.xml"
 CACHE = REPO_ROOT / ".cache" / "kafka"
 LIB = CACHE / "lib"
