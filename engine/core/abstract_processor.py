@@ -1,4 +1,4 @@
-"""AbstractProcessor: per-item convenience on top of the chunked contract (seed 000).
+"""AbstractProcessor: per-item convenience on top of the chunked contract, as in Jet.
 
 Write ``try_process_item(ordinal, item) -> bool`` and emit with ``try_emit``; when the outbox
 is full return False and the same item is offered again. ``emit_from_traverser`` and

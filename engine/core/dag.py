@@ -1,4 +1,4 @@
-"""The DAG model: vertices running processors, edges routing items between them (seed 000)."""
+"""The DAG model: vertices running processors, edges routing items between them (as in Jet)."""
 
 from __future__ import annotations
 

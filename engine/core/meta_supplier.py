@@ -1,4 +1,4 @@
-"""Job initialization in three steps (seed 000): meta-supplier -> per-member supplier -> processors.
+"""Job initialization in Jet's three steps: meta-supplier -> per-member supplier -> processors.
 
 The meta-supplier runs once per job on the coordinator and gives each member a
 :class:`ProcessorSupplier`; that runs on the member and creates the member's processors. A

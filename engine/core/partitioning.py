@@ -1,4 +1,4 @@
-"""Keys to partitions, and partitions to processors (DESIGN.md §3).
+"""Keys to partitions, and partitions to processors (docs/architecture.md, "Partitions").
 
 A key belongs to one of ``PARTITION_COUNT`` partitions by a CRC-32 of its serialized bytes,
 so the mapping is the same in every process and on every host (Python's ``hash()`` is salted

@@ -1,4 +1,4 @@
-"""msgpack serialization for items on the wire and in snapshots (DESIGN.md §3).
+"""msgpack serialization for items on the wire and in snapshots.
 
 Plain msgpack loses the difference between a tuple and a list, cannot carry sets, datetimes
 or user classes, and must never fall back to pickle for bytes from a peer. This module packs

@@ -1,4 +1,4 @@
-"""Traverser: a pull-style sequence whose ``next()`` returns None at the end (seed 000)."""
+"""Traverser: a pull-style sequence whose ``next()`` returns None at the end (as in Jet)."""
 
 from __future__ import annotations
 

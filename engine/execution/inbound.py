@@ -2,7 +2,8 @@
 
 Data chunks go into the processor's inbox; watermarks go to the tasklet's coalescer; a DONE
 marks a queue finished; a snapshot barrier is recorded, and under exactly-once the queue is not
-drained further until every input has delivered the same barrier (alignment, seed 003).
+drained further until every input has delivered the same barrier (alignment; see
+docs/fault-tolerance.md, "The two phases").
 """
 
 from __future__ import annotations

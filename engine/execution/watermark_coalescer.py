@@ -1,4 +1,4 @@
-"""Coalesces watermarks of several input queues into one (seed 003, "Watermarks").
+"""Coalesces watermarks of several input queues into one (docs/windowing.md, "Watermarks").
 
 The output watermark is the minimum over the inputs that are neither done nor idle. When every
 live input is idle, the output is the idle marker so that downstream stops waiting too; first,

@@ -1,4 +1,4 @@
-"""Window definitions: tumbling, sliding and session windows over event time (seed 003).
+"""Window definitions: tumbling, sliding and session windows over event time.
 
 Timestamps are integers (milliseconds by convention) and window sizes use the same unit. A
 sliding window of ``size`` advances by ``slide``; the time axis is cut into *frames* of length

@@ -2,7 +2,8 @@
 
 The fused function runs on the edge that leaves the upstream processor, before routing, so a
 chain of stateless stages costs one list comprehension per stage per chunk and no extra
-processor or queue hop (DESIGN.md §2).
+processor or queue hop: in CPython a call or a queue hop per item costs more than the work
+of a typical stage (docs/architecture.md, "Execution").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Stateless stages create no vertex: they accumulate as a chain on their upstream's output and
 become the fused ``transform`` of the edge that leaves it (see ``fusion.py``). A keyed
 aggregation becomes two vertices, accumulate and combine, joined by a distributed partitioned
-edge (seed 003); a keyless one joins them with an all-to-one edge; an operation without
+edge (Jet's two-stage aggregation); a keyless one joins them with an all-to-one edge; an operation without
 ``combine`` runs in one stage after the partitioned edge.
 """
 

@@ -1,4 +1,4 @@
-"""Batch aggregation in two stages (seed 003): accumulate locally, combine after the shuffle.
+"""Batch aggregation in two stages, as in Jet: accumulate locally, combine after the shuffle.
 
 The accumulating processor folds its items into one accumulator per key and, when its input
 ends, emits ``(key, acc)`` pairs over a partitioned edge; the combining processor merges the

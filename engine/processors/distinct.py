@@ -1,5 +1,5 @@
-"""Distinct: the first item of each key passes, later ones are dropped (seed 003 shuffles by
-key first, so each key is seen by one processor)."""
+"""Distinct: the first item of each key passes, later ones are dropped (the planner shuffles
+by key first, so each key is seen by one processor)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Inserting watermarks after the stage that assigns timestamps (seed 003 "Watermarks").
+"""Inserting watermarks after the stage that assigns timestamps (docs/windowing.md, "Watermarks").
 
 The processor reads each item's timestamp, emits the item as a ``(timestamp, item)`` pair (the
 form every event-time stage downstream works on), and inserts a watermark into the stream

@@ -1,4 +1,4 @@
-"""Session windows (seed 003 "Session Window"), in one stage after a partitioned edge.
+"""Session windows, in one stage after a partitioned edge (docs/windowing.md, "Window kinds").
 
 An event at ``ts`` covers the interval ``[ts, ts + gap)``. A key's sessions are the unions of
 overlapping event intervals: an event that overlaps a session extends it, one that overlaps two

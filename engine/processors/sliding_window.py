@@ -1,4 +1,4 @@
-"""Sliding and tumbling windows by frames, in two stages (seed 003 "Sliding and Tumbling").
+"""Sliding and tumbling windows by frames, in two stages (docs/windowing.md, "The frame algorithm").
 
 The time axis is cut into frames one slide long. Stage 1 (:class:`FrameAccumulateProcessor`,
 local, one per upstream processor) accumulates each event into the accumulator of its
