@@ -1,4 +1,4 @@
-"""The processor contract (seed 000 "Processor"), shaped for Python: items move in chunks.
+"""The processor contract (Jet's ``Processor``), shaped for Python: items move in chunks.
 
 A processor receives items through an :class:`Inbox` that holds many items, and emits through
 an :class:`Outbox` whose buckets have a bounded capacity and refuse items when full, which is
