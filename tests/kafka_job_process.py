@@ -41,7 +41,7 @@ def build(bootstrap: str, in_topic: str, out_topic: str, die_in_phase2: int,
             phase2_calls = 0
 
             def snapshot_commit_finish(self, success: bool) -> bool:
-                if self.context.snapshot.phase2_id in self.prepared_snapshot_ids():
+                if self.context.snapshot_id in self.prepared_snapshot_ids():
                     DyingSink.phase2_calls += 1
                     if DyingSink.phase2_calls >= die_in_phase2 and not os.path.exists(marker):
                         open(marker, "w").close()  # once: the restarted job must not die

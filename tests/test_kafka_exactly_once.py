@@ -54,6 +54,7 @@ class HandDriven:
         """Saves the processor's state into snapshot ``snapshot_id`` and prepares; returns
         the saved entries."""
         self.snap.requested_id = snapshot_id
+        self.proc.context.snapshot_id = snapshot_id
         entries = []
         while True:
             done = self.proc.save_to_snapshot()
@@ -65,6 +66,7 @@ class HandDriven:
 
     def phase2(self, snapshot_id: int, success: bool = True) -> None:
         self.snap.start_phase2(snapshot_id, success)
+        self.proc.context.snapshot_id = snapshot_id
         while not self.proc.snapshot_commit_finish(success):
             pass
 

@@ -481,11 +481,11 @@ def test_processors_see_the_snapshot_ids_of_the_snapshot_they_save_and_commit():
             inbox.drain()
 
         def save_to_snapshot(self):
-            ids.append(("save", self.context.snapshot.requested_id))
+            ids.append(("save", self.context.snapshot_id))
             return True
 
         def snapshot_commit_finish(self, success):
-            ids.append(("commit", self.context.snapshot.phase2_id, success))
+            ids.append(("commit", self.context.snapshot_id, success))
             return True
 
     verify_processor(Ids).input([1, 2]).expect_output([])

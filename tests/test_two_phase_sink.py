@@ -51,6 +51,7 @@ class HandDriven:
         self.snap.requested_id = snapshot_id
         entries = []
         for p in self.procs:
+            p.context.snapshot_id = snapshot_id
             while True:
                 done = p.save_to_snapshot()
                 entries += p.outbox.drain_snapshot()
@@ -62,6 +63,7 @@ class HandDriven:
     def phase2(self, snapshot_id: int, success: bool = True) -> None:
         self.snap.start_phase2(snapshot_id, success)
         for p in self.procs:
+            p.context.snapshot_id = snapshot_id
             while not p.snapshot_commit_finish(success):
                 pass
 
@@ -158,6 +160,7 @@ def test_a_refused_snapshot_save_keeps_the_records(member):
     out = member.get_list("out")
     sink.process([1, 2, 3])
     sink.snap.requested_id = 1
+    sink.proc.context.snapshot_id = 1
     assert sink.proc.outbox.offer_to_snapshot("someone-else", "fills the buffer")
     assert sink.proc.save_to_snapshot() is False
     sink.proc.outbox.drain_snapshot()              # the engine drains the buffer

@@ -472,20 +472,19 @@ class KafkaSourceProcessor(Processor):
         if self.dead_letters is not None:
             self.dead_letters.flush()  # a dead letter is durable before its offset is saved
         offsets = self._positions()
-        snap = self.context.snapshot
-        if self.commit_group and snap is not None:
-            self.snapshot_offsets[snap.requested_id] = offsets
+        if self.commit_group and self.context.processing_guarantee != "none":
+            self.snapshot_offsets[self.context.snapshot_id] = offsets
         return self.outbox.offer_to_snapshot(
             BroadcastKey(("kafka-source", self.index)),
             {"offsets": offsets, "counts": [[t, n] for t, n in self.counts.items()]})
 
     def snapshot_commit_finish(self, success: bool) -> bool:
-        snap = self.context.snapshot
-        if not self.commit_group or snap is None:
+        sid = self.context.snapshot_id
+        if not self.commit_group or self.context.processing_guarantee == "none":
             return True
-        offsets = self.snapshot_offsets.pop(snap.phase2_id, None)
-        for sid in [s for s in self.snapshot_offsets if s < snap.phase2_id]:
-            del self.snapshot_offsets[sid]
+        offsets = self.snapshot_offsets.pop(sid, None)
+        for older in [s for s in self.snapshot_offsets if s < sid]:
+            del self.snapshot_offsets[older]
         if success and offsets:
             from confluent_kafka import TopicPartition
             tps = [TopicPartition(t, p, o) for t, p, o, _ in offsets if o >= 0]

@@ -251,6 +251,13 @@ class ProcessorContext:
     member_index: int
     member_count: int
     processing_guarantee: str = "none"
+    # the job's snapshot interval (ms), for processors whose settings depend on it (a Kafka
+    # transaction must outlive the interval); 0 when the job takes no snapshots
+    snapshot_interval_ms: int = 0
+    #: the id of the snapshot whose hook runs now, set by the engine before each call:
+    #: in ``save_to_snapshot`` and ``snapshot_commit_prepare`` the snapshot being taken, in
+    #: ``snapshot_commit_finish`` the snapshot being committed or rolled back
+    snapshot_id: int = -1
     owned_partitions: Sequence[int] = ()
     member: Any = None
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("jetwake"))

@@ -39,6 +39,7 @@ class PlanContext:
     snapshot: Any = None
     state_factory: Any = None
     state_backend: str = "memory"
+    snapshot_interval_ms: int = 0
 
 
 def resolve_parallelism(dag: DAG, default: int) -> dict[str, int]:
@@ -90,7 +91,7 @@ def build_tasklets(dag: DAG, ctx: PlanContext) -> list[ProcessorTasklet]:
                 owned_partitions=tuple(partitions_of_processor(
                     ctx.member_index, ctx.member_count, i, n)),
                 member=ctx.member, snapshot=ctx.snapshot, state_factory=ctx.state_factory,
-                state_backend=ctx.state_backend)
+                state_backend=ctx.state_backend, snapshot_interval_ms=ctx.snapshot_interval_ms)
             tasklets.append(ProcessorTasklet(proc, pctx, inbound, outbound, coalescer,
                                              ctx.outbox_capacity, ctx.snapshot))
     return tasklets

@@ -231,6 +231,7 @@ class ProcessorTasklet:
         return True
 
     def _save_final(self) -> bool:
+        self.context.snapshot_id = self.snapshot.requested_id  # type: ignore[union-attr]
         done = self.processor.save_to_snapshot()
         entries = self.outbox._take_snapshot()
         if entries:
@@ -248,6 +249,7 @@ class ProcessorTasklet:
 
     def _save_snapshot(self) -> bool:
         proc = self.processor
+        self.context.snapshot_id = self._saving_id
         done = proc.save_to_snapshot()
         entries = self.outbox._take_snapshot()
         snap = self.snapshot
@@ -277,6 +279,7 @@ class ProcessorTasklet:
         if sid > self._last_snapshot_id:
             return  # this processor has not done phase 1 of that snapshot
         success = snap.phase2_success  # type: ignore[union-attr]
+        self.context.snapshot_id = sid
         if self.processor.snapshot_commit_finish(success):
             self._last_phase2_id = sid
             if self._state == _TERMINATED and not success:

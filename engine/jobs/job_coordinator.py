@@ -404,7 +404,9 @@ class JobCoordinator:
                           default_parallelism=self._default_parallelism(),
                           member=self.member, snapshot=snapshot,
                           state_factory=self._state_factory(),
-                          state_backend=self.config.state_backend)
+                          state_backend=self.config.state_backend,
+                          snapshot_interval_ms=self.config.snapshot_interval_ms
+                          if self.config.snapshots_enabled else 0)
         tasklets = build_tasklets(self.dag, ctx)
         initialized = []
         try:

@@ -73,7 +73,7 @@ class TwoPhaseCommitSink(Processor):
         super().init(context)
         if not self.snapshot_tag:
             raise TypeError(f"{type(self).__qualname__} must set snapshot_tag")
-        if context.snapshot is None or context.processing_guarantee != "exactly_once":
+        if context.processing_guarantee != "exactly_once":
             raise ValueError(
                 f"{type(self).__qualname__} ({context.vertex_name}) writes at snapshot phase "
                 f"2 and needs a job with processing_guarantee='exactly_once', but job "
@@ -132,7 +132,7 @@ class TwoPhaseCommitSink(Processor):
     def save_to_snapshot(self) -> bool:
         if not self._started:
             self._ensure_started()
-        sid = self.context.snapshot.requested_id  # type: ignore[union-attr]
+        sid = self.context.snapshot_id
         if self._pending:
             # the records before this barrier: written at this snapshot's phase 2. (A repeated
             # call, after the snapshot buffer refused the entries, finds nothing pending.)
@@ -151,7 +151,7 @@ class TwoPhaseCommitSink(Processor):
     def snapshot_commit_finish(self, success: bool) -> bool:
         if not self._started:
             self._ensure_started()
-        sid = self.context.snapshot.phase2_id  # type: ignore[union-attr]
+        sid = self.context.snapshot_id
         due = sorted(s for s in self._prepared if s <= sid)
         if not due:
             return True

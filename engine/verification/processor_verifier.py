@@ -52,7 +52,7 @@ DEFAULT_RUN_TIMEOUT = 30.0         # seconds a run may take before it counts as 
 
 # fields of ProcessorContext that .context() may set; the others follow from the parallelism
 _CONTEXT_FIELDS = ("job_id", "job_name", "vertex_name", "processing_guarantee", "member",
-                   "logger", "state_factory", "state_backend")
+                   "logger", "state_factory", "state_backend", "snapshot_interval_ms")
 _GUARANTEES = ("none", "at_least_once", "exactly_once")
 _verify_runs = itertools.count(1)  # makes each run's job id unique, like a new job
 
@@ -604,6 +604,7 @@ class _Run:
         sid = self.next_snapshot_id
         self.next_snapshot_id += 1
         self.snap.requested_id = sid
+        self.context.snapshot_id = sid
         blobs: list[bytes] = []
         count = 0
         while True:
