@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from jetwake.connectors.kafka.client_log import with_client_log
+
 __all__ = ["DeadLetterWriter"]
 
 log = logging.getLogger("jetwake.kafka")
@@ -30,7 +32,7 @@ class DeadLetterWriter:
                 k.startswith(("security.", "sasl.", "ssl.", "client."))}
         conf.update({"enable.idempotence": True, "linger.ms": 5,
                      "delivery.report.only.error": True, "on_delivery": self._on_delivery})
-        self._producer = Producer(conf)
+        self._producer = Producer(with_client_log(conf))
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:

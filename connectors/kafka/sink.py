@@ -22,6 +22,7 @@ from typing import Any, Callable
 from jetwake.engine.core.errors import JetwakeError, RestartableError
 from jetwake.engine.core.processor import Inbox, Processor, ProcessorContext
 from jetwake.connectors.kafka.properties import KafkaConfigError
+from jetwake.connectors.kafka.client_log import with_client_log
 
 __all__ = ["KafkaSinkProcessor", "KafkaRecordFormat", "KafkaSinkError", "transactional_id",
            "RESTART_MARGIN_MS", "check_transaction_timeout"]
@@ -156,7 +157,7 @@ class KafkaSinkProcessor(Processor):
         conf = self.fmt.producer_conf()
         conf["delivery.report.only.error"] = True
         conf["on_delivery"] = self._on_delivery
-        self.producer = Producer(conf)
+        self.producer = Producer(with_client_log(conf))
         context.metrics.setdefault("records_out", 0)
 
     def _on_delivery(self, err: Any, msg: Any) -> None:

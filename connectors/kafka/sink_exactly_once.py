@@ -33,6 +33,7 @@ from jetwake.connectors.kafka.sink import (
     transactional_id,
 )
 from jetwake.connectors.kafka.sink_markers import KafkaMarkerTopic, retrying
+from jetwake.connectors.kafka.client_log import with_client_log
 
 __all__ = ["KafkaExactlyOnceSinkProcessor", "CALL_TIMEOUT_S"]
 
@@ -74,7 +75,7 @@ class KafkaExactlyOnceSinkProcessor(TwoPhaseCommitSink):
             conf.get("transaction.timeout.ms"), snapshot_interval_ms(context), self.fmt.where)
         self.txn_conf = dict(conf)
         conf["transactional.id"] = self.txn_id
-        self.producer = Producer(conf)
+        self.producer = Producer(with_client_log(conf))
         self.markers = KafkaMarkerTopic(opts["jetwake.markers.topic"], self.fmt.client_conf(),
                                         self.timeout_s, self.fmt.where)
         context.metrics.setdefault("records_out", 0)
@@ -112,7 +113,7 @@ class KafkaExactlyOnceSinkProcessor(TwoPhaseCommitSink):
 
         conf = dict(self.txn_conf)
         conf["transactional.id"] = txn_id
-        p = Producer(conf)
+        p = Producer(with_client_log(conf))
         self._init_transactions(p, txn_id)
         return p
 
@@ -165,7 +166,7 @@ class KafkaExactlyOnceSinkProcessor(TwoPhaseCommitSink):
         conf = self.fmt.client_conf()
         conf.update({"group.id": writer, "enable.auto.commit": False,
                      "isolation.level": "read_committed"})
-        c = Consumer(conf)
+        c = Consumer(with_client_log(conf))
         try:
             tp = retrying(lambda: c.committed([TopicPartition(self.fmt.topic, 0)],
                                               timeout=10)[0], self.timeout_s,

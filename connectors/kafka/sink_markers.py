@@ -27,6 +27,7 @@ from typing import Any
 from jetwake.engine.core.errors import RestartableError
 from jetwake.connectors.kafka.properties import KafkaConfigError
 from jetwake.connectors.kafka.sink import KafkaSinkError
+from jetwake.connectors.kafka.client_log import with_client_log
 
 __all__ = ["KafkaMarkerTopic", "MarkersHeldBack", "MARKER_PARTITION", "retrying"]
 
@@ -61,7 +62,7 @@ class KafkaMarkerTopic:
                 return
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient(self.client_conf)
+        admin = AdminClient(with_client_log(self.client_conf))
         self._retrying(lambda: self._create_if_missing(admin), "create the markers topic")
         policy = self._retrying(lambda: self._cleanup_policy(admin), "read its configuration")
         if policy is not None and policy != "compact":
@@ -189,7 +190,7 @@ class KafkaMarkerTopic:
             conf.update({"group.id": f"jetwake-marker-reader-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False, "enable.auto.offset.store": False,
                          "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
-            self._consumer = Consumer(conf)
+            self._consumer = Consumer(with_client_log(conf))
         return self._consumer
 
     def _retrying(self, call: Any, what: str) -> Any:

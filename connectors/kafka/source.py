@@ -36,6 +36,7 @@ from jetwake.engine.core.errors import JetwakeError, RestartableError
 from jetwake.engine.core.stream_items import IDLE_MESSAGE, Watermark
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 from jetwake.connectors.kafka.serde import KafkaRecord
+from jetwake.connectors.kafka.client_log import with_client_log
 
 __all__ = ["KafkaSourceProcessor", "KafkaSourceError", "KafkaDeserializationError",
            "PartitionWatermarks", "owner_of_partition"]
@@ -152,7 +153,7 @@ class KafkaSourceProcessor(Processor):
         props = dict(self.properties)
         self.commit_group = "group.id" in props
         props.setdefault("group.id", f"jetwake-{context.job_id}-{context.vertex_name}")
-        self.consumer = Consumer(props)
+        self.consumer = Consumer(with_client_log(props))
         self.batch = self.options["jetwake.poll.batch"]
         self.timeout = self.options["jetwake.poll.timeout.ms"] / 1000
         self.discovery = self.options["jetwake.partition.discovery.ms"] / 1000
