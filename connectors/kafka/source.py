@@ -199,9 +199,11 @@ class KafkaSourceProcessor(Processor):
                 raise KafkaSourceError(
                     f"Sources.kafka(): topic(s) {cause.topics} do not exist on "
                     f"{servers} (waited {limit:.0f} s); create them first") from None
-            raise KafkaSourceError(
+            unreachable = KafkaSourceError(
                 f"Sources.kafka(): the Kafka brokers at {servers} did not answer within "
-                f"{limit:.0f} s (jetwake.startup.timeout.ms): {cause}") from None
+                f"{limit:.0f} s (jetwake.startup.timeout.ms): {cause}")
+            unreachable.restartable = True  # brokers come back: the engine retries the start
+            raise unreachable from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _owns(self, topic: str, partition: int) -> bool:
