@@ -5,9 +5,9 @@ This holds for any processor, including a user's own that emits its result in co
 
 from __future__ import annotations
 
-import time
 
 from jetwake import JobConfig, Member, Pipeline, Processor, Sinks, Sources, TestSources
+from waiting import wait_until
 
 
 class SumOnComplete(Processor):
@@ -39,13 +39,6 @@ def _pipeline() -> Pipeline:
     return p
 
 
-def _wait_until(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
 def _branch_done(member: Member, job) -> bool:
     tasklets = member.find_coordinator(job.id).running_tasklets()
     return bool(tasklets) and all(t.is_done for t in tasklets if "sums" in t.name)
@@ -56,11 +49,11 @@ def test_a_completed_stage_restored_from_a_snapshot_emits_nothing_again():
         job = m.new_job(_pipeline(), JobConfig(processing_guarantee="exactly_once",
                                                snapshot_interval_ms=3_600_000))
         sums = m.get_list("sums")
-        _wait_until(lambda: _branch_done(m, job))
+        wait_until(lambda: _branch_done(m, job))
         job.take_snapshot()  # commits the sum and records the stage as completed
         assert list(sums) == [45]
         job.restart()
-        _wait_until(lambda: _branch_done(m, job))
+        wait_until(lambda: _branch_done(m, job))
         job.take_snapshot()
         assert list(sums) == [45]
         job.cancel()
@@ -70,7 +63,7 @@ def test_a_snapshot_records_which_stages_had_completed():
     with Member() as m:
         job = m.new_job(_pipeline(), JobConfig(processing_guarantee="exactly_once",
                                                snapshot_interval_ms=3_600_000))
-        _wait_until(lambda: _branch_done(m, job))
+        wait_until(lambda: _branch_done(m, job))
         rec = job.take_snapshot()
         job.cancel()
     assert rec.vertex_completed("sum")

@@ -9,12 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from jetwake import Member
 from jetwake.engine.core.errors import DataDirectoryLockedError
+from waiting import wait_until
 
 MEMBER_PROCESS = os.path.join(os.path.dirname(__file__), "member_process.py")
 
@@ -36,16 +36,6 @@ m.shutdown()
 def second_member(data_dir: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", SECOND_MEMBER, data_dir], capture_output=True,
                           text=True, timeout=60)
-
-
-def wait_until(condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def lock_holder(data_dir: str) -> dict | None:

@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import subprocess
-import time
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -22,6 +21,7 @@ from jetwake import JobCancelledError, JobConfig, JobStatus, Member, Pipeline, S
 from jetwake.engine.core.errors import SnapshotWriteError
 from jetwake.engine.server.metrics import JetwakeCollector
 from snapshot_fixtures import RunningSum, counting_source
+from waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -89,16 +89,6 @@ def pipeline() -> Pipeline:
 
 def eo(name: str = "disk") -> JobConfig:
     return JobConfig(name=name, processing_guarantee="exactly_once", snapshot_interval_ms=50)
-
-
-def wait_until(condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def fill_until_snapshots_fail(disk: Disk, c, leave_pages: int = 0) -> None:

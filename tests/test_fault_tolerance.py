@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -98,23 +99,13 @@ def execution_dirs(data_dir: str) -> set[str]:
     return set(glob.glob(os.path.join(data_dir, "state", "*", "execution-*")))
 
 
-def wait_until(condition, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_rocksdb_state_left_by_a_killed_member_is_removed_at_the_next_start(tmp_path):
     data_dir = str(tmp_path / "member")
     committed = os.path.join(data_dir, "jobs", "*", "snapshots", "*", "COMMIT")
     proc = start(data_dir, rocksdb=True)
     try:
         wait_until(lambda: glob.glob(committed) and execution_dirs(data_dir),
-                   "a snapshot and the job's RocksDB state")
+                   "a snapshot and the job's RocksDB state", timeout=60)
     finally:
         kill(proc)
     leftovers = execution_dirs(data_dir)
@@ -122,7 +113,8 @@ def test_rocksdb_state_left_by_a_killed_member_is_removed_at_the_next_start(tmp_
 
     proc = start(data_dir, rocksdb=True)
     try:
-        wait_until(lambda: execution_dirs(data_dir) - leftovers, "the resumed execution's state")
+        wait_until(lambda: execution_dirs(data_dir) - leftovers, "the resumed execution's state",
+                   timeout=60)
         assert not execution_dirs(data_dir) & leftovers, "the crashed execution's state is gone"
     finally:
         kill(proc)

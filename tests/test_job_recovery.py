@@ -27,6 +27,7 @@ from jetwake.engine.core.errors import (
     FallbackRefusedError, JobStateError, SnapshotError, SnapshotWriteError, is_restartable_cause,
 )
 from snapshot_fixtures import running_sum_pipeline
+from waiting import wait_until
 
 
 class Service:
@@ -152,16 +153,6 @@ def picky_pipeline(marker: str) -> Pipeline:
 
 def eo(name: str) -> JobConfig:
     return JobConfig(name=name, processing_guarantee="exactly_once", snapshot_interval_ms=50)
-
-
-def wait_until(condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def events_of(member: Member) -> list[str]:

@@ -16,16 +16,7 @@ import time
 
 from jetwake import BroadcastKey, JobConfig, JobStatus, Member
 from member_process import KEYS, build_pipeline
-
-
-def wait_until(condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+from waiting import wait_until
 
 
 def test_maps_are_synced_after_phase_1_and_before_each_commit_record(tmp_path, monkeypatch):

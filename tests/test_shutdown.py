@@ -14,6 +14,7 @@ import pytest
 
 from jetwake import JobConfig, JobStatus, Member, Pipeline, ProcessorMetaSupplier, Sinks, Source
 from snapshot_fixtures import CountingSource, RunningSum, running_sum_pipeline
+from waiting import wait_until
 
 # the old shutdown waited this long for a suspend before it marked the job to resume
 OLD_SUSPEND_WAIT_S = 30
@@ -70,16 +71,6 @@ def pipeline_from(name: str, make) -> Pipeline:
 
 def eo(name: str = "sums") -> JobConfig:
     return JobConfig(name=name, processing_guarantee="exactly_once", snapshot_interval_ms=50)
-
-
-def wait_until(condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def recorded_status(data_dir, job_id: str) -> str:

@@ -4,23 +4,16 @@ ends silently, and nothing falls back to an older snapshot in a way that breaks 
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from jetwake import (
     FallbackRefusedError, JobConfig, JobStatus, Member, Pipeline, Processor, RestartableError,
-    Sinks, Sources,
+    Sinks,
 )
 from jetwake.engine.jobs import job_coordinator
 from snapshot_fixtures import counting_source
-
-
-def _wait_until(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
+from waiting import wait_until
 
 
 class CommitsWhenAllowed(Processor):
@@ -62,9 +55,9 @@ def test_a_phase2_timeout_in_the_periodic_snapshots_restarts_the_job(monkeypatch
         job = m.new_job(_stuck_phase2_pipeline(), JobConfig(
             processing_guarantee="exactly_once", snapshot_interval_ms=50))
         coordinator = m.find_coordinator(job.id)
-        _wait_until(lambda: coordinator.restart_count >= 1)
+        wait_until(lambda: coordinator.restart_count >= 1)
         CommitsWhenAllowed.allowed = True
-        _wait_until(lambda: job.status == JobStatus.RUNNING)
+        wait_until(lambda: job.status == JobStatus.RUNNING)
         job.cancel()
 
 
@@ -76,7 +69,7 @@ def test_an_unexpected_error_in_the_snapshot_thread_fails_the_job_visibly(monkey
         job = m.new_job(_stuck_phase2_pipeline(), JobConfig(
             processing_guarantee="at_least_once", snapshot_interval_ms=20))
         CommitsWhenAllowed.allowed = True
-        _wait_until(lambda: job.status == JobStatus.FAILED)
+        wait_until(lambda: job.status == JobStatus.FAILED)
         assert "retention exploded" in job.failure
 
 

@@ -9,10 +9,10 @@ look at what the committed snapshot holds.
 from __future__ import annotations
 
 import threading
-import time
 
 from jetwake import DAG, BroadcastKey, Edge, JobConfig, Member, Processor
 from snapshot_fixtures import CountingSource
+from waiting import wait_until
 
 
 class InPlaceList(Processor):
@@ -58,13 +58,6 @@ def _dag() -> DAG:
     return dag
 
 
-def _wait_until(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
 def _snapshot_with_changes_after_the_barrier(data_dir) -> tuple[dict, dict]:
     progress = InPlaceList.progress
     progress.clear()
@@ -73,12 +66,12 @@ def _snapshot_with_changes_after_the_barrier(data_dir) -> tuple[dict, dict]:
     with Member(data_dir) as m:
         job = m.new_job(_dag(), JobConfig(
             processing_guarantee="exactly_once", snapshot_interval_ms=3_600_000))
-        _wait_until(lambda: progress.get("size", 0) > 100)
+        wait_until(lambda: progress.get("size", 0) > 100)
         taken: dict = {}
         snapshot = threading.Thread(target=lambda: taken.update(rec=job.take_snapshot()))
         snapshot.start()
         # the stateful processor saved, then keeps appending to the saved list in place
-        _wait_until(lambda: "saved_size" in progress
+        wait_until(lambda: "saved_size" in progress
                     and progress["size"] >= progress["saved_size"] + 1000)
         gate.set()
         snapshot.join(30)
