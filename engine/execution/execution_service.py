@@ -1,4 +1,4 @@
-"""The execution service (seeds 000/001): worker threads that juggle cooperative tasklets.
+"""The execution service, as in Jet: worker threads that juggle cooperative tasklets.
 
 Every cooperative worker cycles through its tasklets; after a cycle in which none made
 progress it backs off (yield, then short sleeps, then waits for new work when it has none).
