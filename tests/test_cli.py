@@ -273,6 +273,8 @@ def test_job_lifecycle_through_the_cli(tmp_path, counter_py):
         for line in ("submitted", "snapshot 0 taken in", "suspended", "restarting",
                      "snapshot exported as 'snap1'", "cancelled", "restored from snapshot"):
             assert line in log, line
+        # every file was written whole: no temporary file of an atomic write is left
+        assert sorted((tmp_path / "data").rglob("*.tmp")) == []
     finally:
         member.kill()
 

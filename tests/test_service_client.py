@@ -22,7 +22,8 @@ from jetwake import (
     ProcessorMetaSupplier, Sinks, SnapshotNotFoundError, Source, Sources,
 )
 from jetwake.engine.server.metrics import MetricsServer
-from jetwake.engine.server.member_service import MemberService, read_frame, write_frame
+from jetwake.engine.server.framing import read_frame, write_frame
+from jetwake.engine.server.member_service import MemberService
 
 TOKEN = "s3cret-token"
 

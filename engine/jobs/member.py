@@ -244,6 +244,15 @@ class Member:
 
     def new_job(self, pipeline: Any, config: JobConfig | None = None) -> Job:
         """Submits a Pipeline (or a core-API DAG) and starts it; returns its Job."""
+        coordinator = self.add_job(pipeline, config)
+        coordinator.start(restore="initial", persist_definition=False)
+        return Job(coordinator)
+
+    def add_job(self, pipeline: Any, config: JobConfig | None = None) -> JobCoordinator:
+        """Checks and registers a job and saves its definition, without starting it (its
+        ``start(restore="initial", persist_definition=False)`` does). :meth:`new_job` starts it
+        at once; the member service starts it on a thread of its own, so that a client hears
+        about the job while it starts. A submission refused here leaves nothing behind."""
         self._check_running()
         if config is None:
             config = JobConfig()
@@ -252,6 +261,11 @@ class Member:
         if config.state_backend == "rocksdb" and self.data_dir is None:
             raise ValueError("JobConfig(state_backend='rocksdb') keeps state on disk and needs a "
                              "member with a data directory: Member(data_dir=...)")
+        name = config.initial_snapshot_name
+        if name and self.snapshot_store.get_export(name) is None:
+            raise SnapshotNotFoundError(
+                f"no exported snapshot named '{name}' (JobConfig.initial_snapshot_name); "
+                "member.snapshots() lists them")
         with self._lock:
             if config.name is not None:
                 existing = self._find_by_name(config.name)
@@ -271,8 +285,7 @@ class Member:
             e.add_note(f"jetwake: the job was not submitted: its definition could not be saved "
                        f"in {self.data_dir}")
             raise
-        coordinator.start(restore="initial", persist_definition=False)
-        return Job(coordinator)
+        return coordinator
 
     def _find_by_name(self, name: str) -> JobCoordinator | None:
         found = [c for c in self._jobs.values() if c.name == name]

@@ -23,10 +23,9 @@ from jetwake.engine.core.errors import JetwakeError, JobNotFoundError
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.core.serialization import dumps, loads
-from jetwake.engine.server.member_service import (
-    DEFAULT_PORT, PROTOCOL_VERSION, HELLO_MAX_BYTES, ProtocolError, read_frame, version,
-    write_frame,
-)
+from jetwake.engine.server.authentication import HELLO_MAX_BYTES
+from jetwake.engine.server.framing import ProtocolError, read_frame, write_frame
+from jetwake.engine.server.protocol import DEFAULT_PORT, PROTOCOL_VERSION, version
 
 __all__ = ["Client", "RemoteJob", "RemoteMap", "RemoteList", "MemberUnreachableError",
            "AuthenticationError", "RemoteError", "parse_address"]
@@ -219,7 +218,19 @@ class Client:
     # --- jobs ------------------------------------------------------------------------------
 
     def new_job(self, pipeline: Any, config: JobConfig | None = None) -> "RemoteJob":
-        """Submits a Pipeline (or a DAG) to the member and starts it; returns its job."""
+        """Submits a Pipeline (or a DAG) to the member and starts it; returns its job once it
+        runs. A start that fails raises its error (under the same class when it is a jetwake
+        or built-in error), however long the member took to find it."""
+        job = self.submit_job(pipeline, config)
+        error = job.wait_started()["start"]["error"]
+        if error is not None:
+            raise remote_error(error)
+        return job
+
+    def submit_job(self, pipeline: Any, config: JobConfig | None = None) -> "RemoteJob":
+        """Submits a Pipeline (or a DAG) and returns its job at once, while the member starts
+        it; :meth:`RemoteJob.wait_started` waits for the start. A refused submission (a name
+        in use, an unknown initial snapshot) raises here and leaves no job behind."""
         if config is None:
             config = JobConfig()
         elif not isinstance(config, JobConfig):
@@ -234,8 +245,15 @@ class Client:
         except Exception as e:  # noqa: BLE001
             raise TypeError(f"the pipeline cannot be serialized to send it to the member: "
                             f"{type(e).__name__}: {e}") from e
-        info = self.call("submit", pipeline=data, config=dict(vars(config)))
+        info = self.call("submit", pipeline=data, config=dict(vars(config)),
+                         wait=min(0.5, self._poll_wait))
         return RemoteJob(self, info)
+
+    @property
+    def _poll_wait(self) -> float:
+        """How long one request may wait on the member for a job's state to change: well
+        inside the request timeout, short enough to keep a progress display current."""
+        return max(0.05, min(2.0, self.request_timeout / 2))
 
     def get_job(self, name_or_id: str) -> "RemoteJob | None":
         """The job with this id, or the newest job with this name; None if there is none."""
@@ -392,6 +410,30 @@ class RemoteJob:
             else:
                 time.sleep(min(wait, 0.1))
                 info = self.refresh()
+        return info
+
+    def wait_started(self, timeout: float | None = None,
+                     progress: Callable[[dict, float], None] | None = None) -> dict:
+        """Waits until the member has finished starting the job: it runs (or already ended),
+        or its start failed. Returns the job's info, whose ``start`` is ``{"done": True,
+        "error": [TYPE, MESSAGE] or None}`` (the job's ``failure`` says it too); TimeoutError
+        after ``timeout`` seconds, while the member carries on starting it. ``progress(info,
+        elapsed)`` is called between the polls."""
+        t0 = time.monotonic()
+        info = self._info if "start" in self._info else None
+        while info is None or not info["start"]["done"]:
+            elapsed = time.monotonic() - t0
+            if info is not None:
+                if timeout is not None and elapsed >= timeout:
+                    raise TimeoutError(f"job '{self.name}' is still {info['status']} after "
+                                       f"{timeout:g} s: the member is still starting it")
+                if progress is not None:
+                    progress(info, elapsed)
+            wait = self._client._poll_wait
+            if timeout is not None:
+                wait = max(0.0, min(wait, timeout - elapsed))
+            info = self._client.call("job_start", id=self.id, wait=wait)
+            self._info = info
         return info
 
     def _action(self, action: str, **args: Any) -> Any:

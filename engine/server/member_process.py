@@ -1,0 +1,167 @@
+"""Running a member as a process (``jetwake member start``): logging, signals, the service and
+the metrics endpoint, and a graceful shutdown.
+
+The first SIGTERM or SIGINT shuts down gracefully: the service stops accepting clients, jobs
+with a processing guarantee take a terminal snapshot and resume on the next start on the same
+data directory. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from jetwake.engine.jobs.job_status import JobStatus
+from jetwake.engine.server.authentication import (
+    HELLO_TIMEOUT_S, MAX_UNAUTHENTICATED, InsecureAddressError, check_listen_address,
+)
+from jetwake.engine.server.member_service import MemberService
+from jetwake.engine.server.protocol import DEFAULT_PORT, version
+
+__all__ = ["serve", "configure_logging"]
+
+log = logging.getLogger("jetwake.service")
+
+
+class _LifecycleFilter(logging.Filter):
+    """Drops the records the service's own lifecycle lines replace (no line twice)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "jetwake.member" and record.msg == "job %s (%s): %s":
+            return False
+        msg = str(record.msg)
+        if record.name == "jetwake.job" and msg.startswith("job %s failed in"):
+            return False
+        if record.name in ("jetwake.job", "jetwake.member") and msg.startswith("job %s (%s)"):
+            record.msg = "job '%s' (%s)" + msg[len("job %s (%s)"):]  # the service's style
+        return True
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """One line per record on stderr, jetwake's loggers at ``level``, others at WARNING."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s",
+                                           "%Y-%m-%d %H:%M:%S"))
+    handler.addFilter(_LifecycleFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    logging.getLogger("jetwake").setLevel(getattr(logging, level.upper(), logging.INFO))
+
+
+def _install_signal_handlers(stop: threading.Event) -> None:
+    """The first SIGTERM/SIGINT sets ``stop``; a second one exits the process at once."""
+    received = {"count": 0}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        received["count"] += 1
+        name = signal.Signals(signum).name
+        if received["count"] == 1:
+            log.info("%s received: shutting down gracefully (send it again to exit at once)",
+                     name)
+            stop.set()
+        else:
+            log.warning("%s received again: exiting now without waiting for the jobs", name)
+            logging.shutdown()
+            os._exit(130)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          token: str | None = None, metrics_port: int | None = None,
+          cooperative_threads: int | None = None, local_parallelism: int | None = None,
+          log_level: str = "INFO", install_signals: bool = True,
+          stop_event: threading.Event | None = None, hello_timeout: float = HELLO_TIMEOUT_S,
+          max_unauthenticated: int = MAX_UNAUTHENTICATED) -> int:
+    """Runs a member in the foreground until SIGTERM/SIGINT (or ``stop_event``); returns the
+    process exit code. The first signal shuts down gracefully (jobs with a guarantee take a
+    terminal snapshot and resume on the next start on the same data directory); a second one
+    exits at once. A non-loopback ``host`` without a ``token`` is refused (exit code 2) before
+    anything else is opened."""
+    from jetwake.engine.jobs.member import Member
+    from jetwake.engine.server.metrics import MetricsServer
+
+    configure_logging(log_level)
+    try:
+        check_listen_address(host, token)
+    except InsecureAddressError as e:
+        log.error("%s", e)
+        return 2
+    stop = stop_event or threading.Event()
+    if install_signals:
+        _install_signal_handlers(stop)
+
+    where = data_dir or "memory only: jobs and state are lost at exit"
+    log.info("jetwake %s member starting (pid %d, data: %s)", version(), os.getpid(), where)
+    try:
+        member = Member(data_dir, cooperative_threads=cooperative_threads,
+                        local_parallelism=local_parallelism)
+    except (OSError, ValueError) as e:
+        log.error("cannot start the member: %s", e)
+        return 1
+    except Exception as e:  # noqa: BLE001 - e.g. an unreadable job record in the data dir
+        log.exception("cannot start the member: %s", e)
+        return 1
+    try:
+        service = MemberService(member, host, port, token, hello_timeout=hello_timeout,
+                                max_unauthenticated=max_unauthenticated)
+    except ValueError as e:
+        log.error("cannot start the member: %s", e)
+        member.shutdown(graceful=False)
+        return 2
+    except OSError as e:
+        log.error("cannot listen on %s:%s: %s", host, port, e.strerror or e)
+        member.shutdown(graceful=False)
+        return 1
+    metrics = None
+    if metrics_port is not None:
+        try:
+            metrics = MetricsServer(member, host, metrics_port,
+                                    healthy=lambda: service.serving,
+                                    info=lambda: {"address": service.address_text,
+                                                  "version": version()}).start()
+        except OSError as e:
+            log.error("cannot serve metrics on %s:%s: %s", host, metrics_port, e.strerror or e)
+            service.server.server_close()
+            member.shutdown(graceful=False)
+            return 1
+    service.start()
+    extra = ""
+    if metrics is not None:
+        extra = f", metrics on http://{metrics.address[0]}:{metrics.address[1]}/metrics"
+    log.info("member ready on %s%s%s (%d jobs)", service.address_text,
+             ", token required" if token else "", extra, len(member.coordinators()))
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        _shut_down(member, service, metrics, data_dir)
+    return 0
+
+
+def _shut_down(member: Any, service: MemberService, metrics: Any, data_dir: str | None) -> None:
+    """Stops accepting clients, stops the jobs (a terminal snapshot for those with a
+    guarantee) and the metrics endpoint, in that order."""
+    service.serving = False
+    try:
+        service.stop()
+    except Exception:  # noqa: BLE001
+        log.exception("stopping the service")
+    t0 = time.monotonic()
+    active = [c for c in member.coordinators() if not c.status.is_terminal
+              and c.status != JobStatus.SUSPENDED]
+    if active:
+        log.info("stopping %d job(s)%s", len(active),
+                 ": jobs with a guarantee take a terminal snapshot and resume on the next "
+                 "start" if data_dir else "")
+    member.shutdown()
+    if metrics is not None:
+        metrics.stop()
+    log.info("member stopped in %.1f s", time.monotonic() - t0)
