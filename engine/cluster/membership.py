@@ -1,0 +1,262 @@
+"""Cluster membership and the choice of coordinator, through Kafka's group protocol.
+
+Every member of cluster ``NAME`` joins the consumer group ``jetwake-NAME`` on the control topic
+``__jetwake_NAME_control``, which has exactly one partition. Kafka's group coordinator keeps the
+group: a member that stops heartbeating (killed, paused, cut off) is dropped after the session
+timeout, and the partition goes to another member. **The member that holds partition 0 is the
+cluster's coordinator.** No consensus protocol of jetwake's own is involved: liveness, the
+single holder of the partition and the hand-over are Kafka's.
+
+A member's ``client.id`` carries its id and address (``jetwake/<member id>/<host:port>``), so
+:meth:`KafkaMembership.members` can list the live members from the group's description, with
+the coordinator marked.
+
+Holding partition 0 is not enough to act as coordinator: a coordinator that was paused past the
+session timeout may still believe it holds it. What it writes therefore goes through
+:class:`CoordinatorFence`, a transactional producer with one fixed ``transactional.id`` per
+cluster: when a new coordinator initializes it, Kafka fences the previous one, whose next
+commit fails (:class:`FencedError`) instead of writing anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from jetwake.connectors.kafka.client_log import with_client_log
+from jetwake.engine.core.errors import JetwakeError
+
+__all__ = ["KafkaMembership", "MemberInfo", "CoordinatorFence", "FencedError",
+           "control_topic", "group_id"]
+
+log = logging.getLogger("jetwake.cluster")
+
+_CLIENT_PREFIX = "jetwake/"
+
+
+class FencedError(JetwakeError):
+    """This member is no longer the coordinator: a newer one took over, and nothing it wrote
+    after that was committed."""
+
+
+def control_topic(cluster: str) -> str:
+    return f"__jetwake_{cluster}_control"
+
+
+def group_id(cluster: str) -> str:
+    return f"jetwake-{cluster}"
+
+
+def _check_cluster_name(cluster: Any) -> str:
+    if not isinstance(cluster, str) or not cluster or not all(
+            c.isalnum() or c in "-_." for c in cluster):
+        raise ValueError(f"a cluster name must be a non-empty string of letters, digits, '-', "
+                         f"'_' or '.', got {cluster!r}")
+    return cluster
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """A live member as the group shows it."""
+
+    id: str
+    address: str
+    is_coordinator: bool
+
+
+class KafkaMembership:
+    """This member's place in the cluster: joins the group at :meth:`start`, leaves it at
+    :meth:`stop`. ``on_change(is_coordinator)`` is called from the membership thread whenever
+    this member becomes or stops being the coordinator.
+
+    ``session_timeout_ms`` is how long a silent member stays in the group: the time a dead
+    coordinator takes to be replaced is about that much.
+    """
+
+    def __init__(self, bootstrap_servers: str, cluster: str, member_id: str, address: str, *,
+                 session_timeout_ms: int = 6000,
+                 on_change: Callable[[bool], None] | None = None) -> None:
+        if not isinstance(bootstrap_servers, str) or not bootstrap_servers:
+            raise ValueError("KafkaMembership needs bootstrap servers, e.g. 'host:9092'")
+        if "/" in member_id or "/" in address:
+            raise ValueError("a member id and address must not contain '/'")
+        self.bootstrap_servers = bootstrap_servers
+        self.cluster = _check_cluster_name(cluster)
+        self.member_id = member_id
+        self.address = address
+        self.session_timeout_ms = session_timeout_ms
+        self._on_change = on_change
+        self._is_coordinator = False
+        self._consumer: Consumer | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._joined = threading.Event()
+        self._lock = threading.Lock()
+        self._admin_client: AdminClient | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self._is_coordinator
+
+    def _admin(self) -> AdminClient:
+        # one client for the member's life: a request of a client that is dropped while the
+        # request is in flight never completes
+        if self._admin_client is None:
+            self._admin_client = AdminClient(with_client_log(
+                {"bootstrap.servers": self.bootstrap_servers}))
+        return self._admin_client
+
+    def ensure_control_topic(self, timeout: float = 30.0) -> None:
+        """Creates the one-partition control topic unless it exists."""
+        admin = self._admin()
+        topic = control_topic(self.cluster)
+        md = admin.list_topics(timeout=timeout)
+        if topic in md.topics and md.topics[topic].error is None:
+            if len(md.topics[topic].partitions) != 1:
+                raise JetwakeError(f"the control topic {topic} has "
+                                   f"{len(md.topics[topic].partitions)} partitions; it must have "
+                                   "exactly one (delete it, and jetwake creates it again)")
+            return
+        replication = min(3, len(md.brokers))
+        futures = admin.create_topics([NewTopic(topic, 1, replication)])
+        try:
+            futures[topic].result(timeout)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Joins the cluster's group; returns once the group has given this member its
+        assignment (coordinator or not)."""
+        self.ensure_control_topic(timeout)
+        conf = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": group_id(self.cluster),
+            "client.id": f"{_CLIENT_PREFIX}{self.member_id}/{self.address}",
+            "session.timeout.ms": self.session_timeout_ms,
+            "heartbeat.interval.ms": max(100, self.session_timeout_ms // 6),
+            "enable.auto.commit": False,
+            "auto.offset.reset": "latest",
+            # the eager protocol moves partition 0 as a whole: never two holders at once
+            "partition.assignment.strategy": "range",
+        }
+        self._consumer = Consumer(with_client_log(conf))
+        self._consumer.subscribe([control_topic(self.cluster)], on_assign=self._assigned,
+                                 on_revoke=self._revoked, on_lost=self._revoked)
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"jetwake-membership-{self.member_id}")
+        self._thread.start()
+        if not self._joined.wait(timeout):
+            self.stop()
+            raise JetwakeError(f"member {self.member_id} could not join cluster "
+                               f"'{self.cluster}' through Kafka at {self.bootstrap_servers} "
+                               f"within {timeout:.0f} s")
+
+    def _run(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        while not self._stopping.is_set():
+            try:
+                consumer.consume(16, timeout=0.2)  # the poll that keeps the member in the group
+            except Exception as e:  # noqa: BLE001 - reported through .error and the log
+                self.error = e
+                log.error("cluster membership of %s failed: %r", self.member_id, e)
+                time.sleep(0.5)
+
+    def _assigned(self, consumer: Any, partitions: list) -> None:
+        self._set_coordinator(any(p.partition == 0 for p in partitions))
+        self._joined.set()
+
+    def _revoked(self, consumer: Any, partitions: list) -> None:
+        if any(p.partition == 0 for p in partitions):
+            self._set_coordinator(False)
+
+    def _set_coordinator(self, value: bool) -> None:
+        with self._lock:
+            changed = value != self._is_coordinator
+            self._is_coordinator = value
+        if changed:
+            log.info("member %s %s the coordinator of cluster '%s'", self.member_id,
+                     "is now" if value else "is no longer", self.cluster)
+            if self._on_change is not None:
+                self._on_change(value)
+
+    def members(self, timeout: float = 10.0) -> list[MemberInfo]:
+        """The live members as the group shows them, coordinator first."""
+        gid = group_id(self.cluster)
+        desc = self._admin().describe_consumer_groups([gid])[gid] \
+            .result(timeout)
+        out = []
+        for m in desc.members:
+            if not m.client_id.startswith(_CLIENT_PREFIX):
+                continue
+            member_id, _, address = m.client_id[len(_CLIENT_PREFIX):].partition("/")
+            parts = m.assignment.topic_partitions if m.assignment else []
+            out.append(MemberInfo(member_id, address, any(tp.partition == 0 for tp in parts)))
+        return sorted(out, key=lambda i: (not i.is_coordinator, i.id))
+
+    def stop(self) -> None:
+        """Leaves the group at once (the others see it go without waiting for the session
+        timeout)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception:  # noqa: BLE001 - leaving regardless
+                log.debug("closing the membership consumer failed", exc_info=True)
+            self._consumer = None
+        self._set_coordinator(False)
+
+
+class CoordinatorFence:
+    """Writes of the coordinator, fenced: one transactional producer with the cluster's fixed
+    ``transactional.id``. Initializing it fences every earlier holder; a fenced coordinator's
+    :meth:`write` raises :class:`FencedError` and commits nothing."""
+
+    def __init__(self, bootstrap_servers: str, cluster: str, timeout: float = 30.0) -> None:
+        self.cluster = _check_cluster_name(cluster)
+        self._producer = Producer(with_client_log({
+            "bootstrap.servers": bootstrap_servers,
+            "transactional.id": f"jetwake-{self.cluster}-coordinator",
+            "enable.idempotence": True,
+        }))
+        self._producer.init_transactions(timeout)
+        self._lock = threading.Lock()
+
+    def write(self, records: list[tuple[str, bytes | None, bytes | None]],
+              timeout: float = 30.0) -> None:
+        """Writes ``(topic, key, value)`` records in one transaction; raises FencedError when
+        a newer coordinator has taken over."""
+        with self._lock:
+            p = self._producer
+            try:
+                p.begin_transaction()
+                for topic, key, value in records:
+                    p.produce(topic, key=key, value=value)
+                p.commit_transaction(timeout)
+            except KafkaException as e:
+                err = e.args[0]
+                if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                                  KafkaError.INVALID_PRODUCER_EPOCH) or err.fatal():
+                    raise FencedError(f"this member is no longer the coordinator of cluster "
+                                      f"'{self.cluster}': {err.str()}") from e
+                try:
+                    p.abort_transaction(timeout)
+                except KafkaException:
+                    pass
+                raise
+
+    def close(self) -> None:
+        try:
+            self._producer.flush(5)
+        except Exception:  # noqa: BLE001 - closing regardless
+            pass
