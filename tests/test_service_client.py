@@ -22,7 +22,7 @@ from jetwake import (
     ProcessorMetaSupplier, Sinks, SnapshotNotFoundError, Source, Sources,
 )
 from jetwake.engine.server.metrics import MetricsServer
-from jetwake.engine.server.framing import read_frame, write_frame
+from jetwake.engine.net.framing import read_frame, write_frame
 from jetwake.engine.server.member_service import MemberService
 
 TOKEN = "s3cret-token"

@@ -22,7 +22,7 @@ import msgpack
 import pytest
 
 from jetwake import Client, Member, MemberUnreachableError
-from jetwake.engine.server.framing import read_frame, write_frame
+from jetwake.engine.net.framing import read_frame, write_frame
 from jetwake.engine.server.member_service import MemberService
 
 TOKEN = "hardening-token"

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from jetwake.engine.server.framing import ProtocolError, read_frame, write_frame
+from jetwake.engine.net.framing import ProtocolError, read_frame, write_frame
 
 __all__ = ["HELLO_MAX_BYTES", "HELLO_TIMEOUT_S", "MAX_UNAUTHENTICATED", "InsecureAddressError",
            "is_loopback", "check_listen_address", "decode_hello", "token_matches",

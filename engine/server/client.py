@@ -24,7 +24,7 @@ from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.core.serialization import dumps, loads
 from jetwake.engine.server.authentication import HELLO_MAX_BYTES
-from jetwake.engine.server.framing import ProtocolError, read_frame, write_frame
+from jetwake.engine.net.framing import ProtocolError, read_frame, write_frame
 from jetwake.engine.server.protocol import DEFAULT_PORT, PROTOCOL_VERSION, version
 
 __all__ = ["Client", "RemoteJob", "RemoteMap", "RemoteList", "MemberUnreachableError",

@@ -3,7 +3,7 @@
 :class:`MemberService` listens, accepts each connection on a thread of its own, has the client
 authenticate (:mod:`jetwake.engine.server.authentication`) and then answers its requests
 (:mod:`jetwake.engine.server.request_handlers`) frame by frame
-(:mod:`jetwake.engine.server.framing`, :mod:`jetwake.engine.server.protocol`). Running a member
+(:mod:`jetwake.engine.net.framing`, :mod:`jetwake.engine.server.protocol`). Running a member
 as a process, with signals and a graceful shutdown, is
 :mod:`jetwake.engine.server.member_process`.
 
@@ -23,7 +23,7 @@ from typing import Any
 from jetwake.engine.server.authentication import (
     HELLO_TIMEOUT_S, MAX_UNAUTHENTICATED, ConnectionGate, accept_hello, check_listen_address,
 )
-from jetwake.engine.server.framing import ProtocolError, read_frame, write_frame
+from jetwake.engine.net.framing import ProtocolError, read_frame, write_frame
 from jetwake.engine.server.job_events import JobEvents
 from jetwake.engine.server.protocol import DEFAULT_PORT, PROTOCOL_VERSION, version
 from jetwake.engine.server.request_handlers import RequestHandlers

@@ -1,7 +1,7 @@
 """The wire protocol between a member service and its clients (after the hello).
 
 One TCP connection per client; one request and one response per frame
-(:mod:`jetwake.engine.server.framing`):
+(:mod:`jetwake.engine.net.framing`):
 
 * the client's first frame is its hello (:mod:`jetwake.engine.server.authentication`);
 * then requests are ``{"op": NAME, "args": {...}}`` encoded with jetwake's msgpack

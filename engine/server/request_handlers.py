@@ -25,7 +25,7 @@ from jetwake.engine.core.errors import JobNotFoundError, JobStateError
 from jetwake.engine.core.serialization import dumps, loads
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
-from jetwake.engine.server.framing import ProtocolError
+from jetwake.engine.net.framing import ProtocolError
 from jetwake.engine.server.protocol import error_pair, version
 
 __all__ = ["RequestHandlers", "MAX_WAIT_S"]

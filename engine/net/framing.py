@@ -1,4 +1,5 @@
-"""Frames on a socket: how the member service and its clients cut a TCP stream into messages.
+"""Frames on a socket: how the member service, its clients and peer members cut a TCP stream
+into messages.
 
 A frame is a 4-byte big-endian length followed by that many bytes (msgpack, see
 :mod:`jetwake.engine.server.protocol`). A frame longer than the reader's limit is refused
