@@ -1,8 +1,9 @@
 """Every code block of README.md and docs/*.md runs as written.
 
 Which blocks run
-    Fenced blocks tagged ``python``, ``sh``, ``bash`` or ``console``. Untagged blocks and blocks
-    tagged ``text``, ``ini``, ``json`` (program output, file layouts, configuration) are not run.
+    Fenced blocks tagged ``python`` (or ``py``), ``sh``, ``bash``, ``shell`` or ``console``.
+    Untagged blocks and blocks tagged ``text``, ``ini``, ``json`` (program output, file layouts,
+    configuration) are not run.
 
 Markers: an HTML comment on the line right before the opening fence (invisible when rendered)
     ``<!-- snippet: continues -->``
@@ -474,8 +475,8 @@ def test_snippet_markers_are_well_formed() -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_every_page_has_its_snippets_collected() -> None:
-    """The pages the README tours with code are all seen, and each case has runnable code."""
+def test_the_snippets_of_the_pages_with_code_are_collected() -> None:
+    """The parser finds the code of the pages that have some, and no case is empty."""
     pages = {c.blocks[0].page.name for c in CASES}
     assert {"README.md", "kafka.md", "fault-tolerance.md", "testing.md"} <= pages
     assert all(c.text.strip() for c in CASES)
