@@ -15,6 +15,7 @@ def main(argv: list[str]) -> int:
                            if m.name.startswith("bench_"))
     failed = 0
     for name in names:
+        name = name.replace("-", "_")  # `python -m bench kafka-peers`
         module_name = name if name.startswith("bench_") else f"bench_{name}"
         print(f"== {module_name}", flush=True)
         try:

@@ -14,7 +14,7 @@ With --nodes 3 three processes are started, each a combined broker+controller, w
 listeners on P, P+1, P+2 and a three-voter controller quorum on other free ports.
 
 The functions start_broker(), stop_broker(), broker_ready() and broker_status() are the
-importable API (used by tests/kafka_broker.py and bench/bench_kafka.py). Only the standard library is used, except
+importable API (used by tests/kafka_broker.py and bench/bench_kafka_peers.py). Only the standard library is used, except
 confluent_kafka for the Admin-API readiness check, which is imported lazily.
 """
 from __future__ import annotations
