@@ -65,7 +65,8 @@ class Edge:
         self.is_distributed = False
         self.edge_priority = 0
         self.queue_size = 64  # in chunks
-        # fused stateless stages (list -> list), applied to each chunk before routing
+        # fused stateless stages (list -> list), applied to each chunk before routing; an
+        # EdgeTransform (engine/core/edge_transform.py) gets one instance per processor
         self.transform: Callable[[list], list] | None = None
 
     @classmethod

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jetwake.engine.core.dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
+from jetwake.engine.core.edge_transform import for_processor
 from jetwake.engine.core.meta_supplier import MetaSupplierContext, SupplierContext
 from jetwake.engine.core.partitioning import (
     partition_of, partitions_of_processor, processor_partition_table,
@@ -137,12 +138,13 @@ def _outbound_stream(e: Edge, u: int, par: dict[str, int],
     pd = par[e.destination.name]
     if e.routing is RoutingPolicy.ISOLATED:
         return OutboundEdgeStream(e.source_ordinal, [queues[(u, u)]], e.routing,
-                                  transform=e.transform)
+                                  transform=for_processor(e.transform))
     targets = [queues[(u, d)] for d in range(pd)]
     table = None
     if e.routing is RoutingPolicy.PARTITIONED:
         table = processor_partition_table(1, pd)
     elif e.routing is RoutingPolicy.ALL_TO_ONE:
         table = (processor_partition_table(1, pd)[partition_of(e.destination.name)],)
+    # each processor applies its own instance of the edge's function (its own counters)
     return OutboundEdgeStream(e.source_ordinal, targets, e.routing, e.key_fn, table,
-                              e.transform)
+                              for_processor(e.transform))

@@ -1,0 +1,32 @@
+"""The function an edge applies to each chunk before routing it (``Edge.transform``).
+
+Any ``list -> list`` callable will do. An :class:`EdgeTransform` is one that keeps state per
+upstream processor (the pipeline's fused stateless stages count the items each stage takes and
+gives): the engine asks it for one instance per processor with :meth:`for_processor`, so that
+processors running on different threads never share a counter, and a counter lives as long
+as the execution that runs it, like the processor's own ``items_in`` and ``items_out``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+__all__ = ["EdgeTransform", "for_processor"]
+
+
+class EdgeTransform:
+    """A ``list -> list`` function over a chunk with per-processor instances."""
+
+    def __call__(self, items: list) -> list:
+        raise NotImplementedError(f"{type(self).__qualname__} must implement __call__")
+
+    def for_processor(self) -> Callable[[list], list]:
+        """The instance one upstream processor applies to its chunks (default: ``self``)."""
+        return self
+
+
+def for_processor(transform: Callable[[list], list] | None) -> Callable[[list], list] | None:
+    """What a processor applies on an edge whose ``transform`` is ``transform``."""
+    if isinstance(transform, EdgeTransform):
+        return transform.for_processor()
+    return transform
