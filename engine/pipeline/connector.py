@@ -10,7 +10,15 @@ from typing import Any, Callable
 
 from jetwake.engine.core.meta_supplier import ProcessorMetaSupplier, as_meta_supplier
 
-__all__ = ["Source", "Sink"]
+__all__ = ["Source", "Sink", "native_pair_timestamp"]
+
+
+def native_pair_timestamp(pair: Any) -> int:
+    """The ``timestamp_fn`` of a source that emits ``(timestamp, item)`` pairs (Kafka's record
+    timestamps, ``TestSources.item_stream``): it marks the source as one whose items are pairs,
+    which ``with_native_timestamps`` turns into timestamped items and every other stage
+    receives as plain items (the pairs' second halves)."""
+    return pair[0]
 
 
 class Source:
@@ -18,7 +26,8 @@ class Source:
 
     ``is_stream``: unbounded (a streaming job) or bounded (a batch that completes).
     ``timestamp_fn``: for sources whose items carry an event time (``with_native_timestamps``),
-    how to read it from an emitted item.
+    how to read it from an emitted item; :func:`native_pair_timestamp` says the source emits
+    ``(timestamp, item)`` pairs.
     ``emits_watermarks``: the source itself emits watermarks of its native event time (for
     example the minimum over the partitions it reads, and the idle marker when all are quiet);
     ``with_native_timestamps(lag)`` then follows them, shifted by the lag, instead of deriving
@@ -35,6 +44,12 @@ class Source:
         self.is_stream = is_stream
         self.timestamp_fn = timestamp_fn
         self.emits_watermarks = emits_watermarks
+
+    @property
+    def emits_pairs(self) -> bool:
+        """Whether the source emits ``(timestamp, item)`` pairs (see
+        :func:`native_pair_timestamp`)."""
+        return self.timestamp_fn is native_pair_timestamp
 
     def __repr__(self) -> str:
         return f"Source({self.name!r}{', stream' if self.is_stream else ''})"

@@ -1,14 +1,20 @@
-"""How items carry event time between stages.
+"""How items carry event time between stages, and how functions over items are adapted to it.
 
-After ``with_timestamps`` (or on a source with native timestamps) items travel as
-``(timestamp, item)`` pairs: the timestamp is read once, by the stage that inserts watermarks,
-and every event-time stage downstream reads it from the pair. Stateless stages on such a stream
-run on the item and keep its timestamp; the planner unwraps the pairs on the edge into any
-stage that does not use event time (sinks included), so user functions only ever see items.
+After ``with_timestamps`` (or ``with_native_timestamps``) items travel as
+``Timestamped`` values, ``(timestamp, item)`` (engine/core/stream_items.py): the
+timestamp is read once, by the stage that inserts watermarks, and every event-time stage
+downstream reads it from the value. A stage that does not use event time (sinks included)
+receives plain items: the planner puts :func:`unwrap` on the edge into it.
 
-A source whose ``Source.timestamp_fn`` is :func:`native_pair_timestamp` emits the pairs itself
-(for example ``TestSources.item_stream``); without ``with_native_timestamps`` they are unwrapped
-like any other.
+User functions only ever see items. A function written for items is adapted here to work on
+timestamped values (as Jet's function adapters do): the function of a stateless stage sees the
+item and its results keep the item's timestamp, a key function reads the item. The stateless
+semantics themselves (``None`` from a map drops the item, and so on) are written once, in
+``fusion.py``, and apply unchanged to the adapted function.
+
+A source whose ``Source.timestamp_fn`` is :func:`native_pair_timestamp` emits plain
+``(timestamp, item)`` pairs (for example ``TestSources.item_stream``);
+``with_native_timestamps`` turns them into timestamped values, every other stage gets the items.
 """
 
 from __future__ import annotations
@@ -17,31 +23,58 @@ from operator import itemgetter
 from typing import Any, Callable
 
 from jetwake.engine.operations.window_result import KeyedWindowResult
+from jetwake.engine.pipeline.connector import native_pair_timestamp
 
-__all__ = ["native_pair_timestamp", "unwrap", "wrapped_step", "window_join_flattener"]
+__all__ = ["native_pair_timestamp", "unwrap", "key_on_item", "adapt_to_timestamped",
+           "window_join_flattener"]
 
 _second = itemgetter(1)
 
 
-def native_pair_timestamp(pair: Any) -> int:
-    """The ``timestamp_fn`` of a source that emits ``(timestamp, item)`` pairs."""
-    return pair[0]
+def unwrap(values: list) -> list:
+    """Timestamped values (or a source's native pairs) -> their items."""
+    return list(map(_second, values))
 
 
-def unwrap(pairs: list) -> list:
-    """``(ts, item)`` pairs -> items."""
-    return list(map(_second, pairs))
+def key_on_item(key_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A key function over timestamped values that reads the item's key."""
+    return lambda value: key_fn(value[1])
 
 
-def wrapped_step(kind: str, fn: Callable[[Any], Any]) -> Callable[[list], list]:
-    """A stateless stage over a chunk of ``(ts, item)`` pairs that keeps the timestamps."""
-    if kind == "map":
-        return lambda pairs: [(t, y) for t, x in pairs if (y := fn(x)) is not None]
-    if kind == "filter":
-        return lambda pairs: [p for p in pairs if fn(p[1])]
-    if kind == "flat_map":
-        return lambda pairs: [(t, y) for t, x in pairs for y in (fn(x) or ())]
-    raise ValueError(f"unknown stateless stage kind {kind!r}")
+def _adapt_map(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def on_timestamped(value: Any) -> Any:
+        y = fn(value[1])
+        # None goes through as None: the map semantics drop it
+        return None if y is None else (value[0], y)
+    return on_timestamped
+
+
+def _adapt_filter(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: fn(value[1])
+
+
+def _adapt_flat_map(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def on_timestamped(value: Any) -> Any:
+        ys = fn(value[1])
+        if ys is None:
+            return None  # the flat-map semantics read None as no items
+        t = value[0]
+        return [(t, y) for y in ys]
+    return on_timestamped
+
+
+_ADAPTERS = {"map": _adapt_map, "filter": _adapt_filter, "flat_map": _adapt_flat_map}
+
+
+def adapt_to_timestamped(kind: str, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``fn``, the function of a stateless stage of ``kind`` ("map", "filter", "flat_map")
+    written for items, adapted to timestamped values: it sees the item, and the values it
+    produces carry the item's timestamp."""
+    adapter = _ADAPTERS.get(kind)
+    if adapter is None:
+        raise ValueError(f"unknown stateless stage kind {kind!r}: expected one of "
+                         f"{sorted(_ADAPTERS)}")
+    return adapter(fn)
 
 
 def window_join_flattener(join_fn: Callable[[Any, Any], Any]) -> Callable[[Any], list]:

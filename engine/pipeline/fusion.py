@@ -1,20 +1,39 @@
-"""Fusing consecutive stateless stages (map, filter, flat_map) into one function over a chunk.
+"""Stateless stages (map, filter, flat_map): their semantics, and their fusion into one function
+over a chunk.
 
-The fused function runs on the edge that leaves the upstream processor, before routing, so a
-chain of stateless stages costs one list comprehension per stage per chunk and no extra
-processor or queue hop: in CPython a call or a queue hop per item costs more than the work
-of a typical stage (docs/architecture.md, "Execution").
+The semantics are written once, here, as functions over a chunk of items: a map whose function
+returns None drops the item (as in Jet), a filter keeps the items its function holds true, a
+flat map emits every item of the iterable its function returns (None meaning none). A stage on
+timestamped values runs the same functions with its user function adapted to them
+(``event_time.adapt_to_timestamped``).
+
+Consecutive stateless stages create no vertex: the planner fuses them into a
+:class:`FusedChain` that runs on the edge leaving the upstream processor, before routing, so a
+chain costs one list comprehension per stage per chunk and no extra processor or queue hop: in
+CPython a call or a queue hop per item costs more than the work of a typical stage
+(docs/architecture.md, "Execution"). The chain still answers for each stage the user wrote:
+
+- it counts the items each stage takes and gives, per chunk (``len`` of the lists, never per
+  item), in one instance per upstream processor (``EdgeTransform.for_processor``); the job's
+  metrics show them under the stage's name (:func:`fused_stage_metrics`);
+- an exception raised by a stage's function gets a note naming the stage, its kind and the
+  vertex it was fused into (:func:`fused_stage_of` reads it back), and keeps its traceback.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
-__all__ = ["StatelessOp", "compile_chain"]
+from jetwake.engine.core.edge_transform import EdgeTransform
+from jetwake.engine.pipeline.event_time import adapt_to_timestamped, unwrap
 
-# ("map" | "filter" | "flat_map", fn), or ("chunk", fn) for a step that maps lists already
-StatelessOp = tuple[str, Callable[[Any], Any]]
+__all__ = ["FusedStep", "FusedChain", "StageMetrics", "stateless_function", "stateless_step",
+           "unwrap_step", "internal_step", "fused_stage_of", "fused_stage_metrics",
+           "STATELESS_KINDS"]
 
+
+# --- the semantics, once -------------------------------------------------------------------
 
 def _map(fn: Callable[[Any], Any]) -> Callable[[list], list]:
     # as in Jet, a map function returning None drops the item
@@ -29,26 +48,149 @@ def _flat_map(fn: Callable[[Any], Any]) -> Callable[[list], list]:
     return lambda items: [y for x in items for y in (fn(x) or ())]
 
 
-def _chunk(fn: Callable[[list], list]) -> Callable[[list], list]:
-    return fn
+_KINDS: dict[str, Callable[[Callable[[Any], Any]], Callable[[list], list]]] = {
+    "map": _map, "filter": _filter, "flat_map": _flat_map,
+}
+STATELESS_KINDS = frozenset(_KINDS)
 
 
-_STEP = {"map": _map, "filter": _filter, "flat_map": _flat_map, "chunk": _chunk}
+def stateless_function(kind: str, fn: Callable[[Any], Any],
+                       timestamped: bool = False) -> Callable[[list], list]:
+    """The function over a chunk of a stateless stage of ``kind`` with user function ``fn``;
+    ``timestamped``: the chunk holds timestamped values, which keep their timestamps."""
+    make = _KINDS.get(kind)
+    if make is None:
+        raise ValueError(f"unknown stateless stage kind {kind!r}: expected one of "
+                         f"{sorted(_KINDS)}")
+    return make(adapt_to_timestamped(kind, fn) if timestamped else fn)
 
 
-def compile_chain(ops: Sequence[StatelessOp]) -> Callable[[list], list] | None:
-    """One function applying every op in order to a list of items; None for no ops."""
-    if not ops:
-        return None
-    steps = [_STEP[kind](fn) for kind, fn in ops]
-    if len(steps) == 1:
-        return steps[0]
+# --- fused chains ------------------------------------------------------------------------------
 
-    def fused(items: list) -> list:
-        for step in steps:
+@dataclass(frozen=True, eq=False)
+class FusedStep:
+    """One step of a fused chain: a stateless stage the user wrote, or a step the planner adds
+    for a stage (taking the timestamps off, a window join's pairing).
+
+    ``stage`` and ``kind`` name it in errors; ``user_stage`` steps have their counts shown in
+    the metrics under ``stage``.
+    """
+    stage: str
+    kind: str
+    apply: Callable[[list], list]
+    user_stage: bool = True
+
+
+def stateless_step(stage: str, kind: str, fn: Callable[[Any], Any],
+                   timestamped: bool) -> FusedStep:
+    """The step of the user's stateless stage ``stage``."""
+    return FusedStep(stage, kind, stateless_function(kind, fn, timestamped))
+
+
+def unwrap_step(stage: str) -> FusedStep:
+    """The step that takes the timestamps off the values ``stage`` emits, for a consumer that
+    works on items."""
+    return FusedStep(stage, "removing timestamps", unwrap, user_stage=False)
+
+
+def internal_step(stage: str, kind: str, fn: Callable[[Any], Any]) -> FusedStep:
+    """A flat map the planner adds to the output of ``stage`` (a window join pairs its
+    co-grouped results this way); it is part of that stage, not a stage of its own."""
+    return FusedStep(stage, kind, _flat_map(fn), user_stage=False)
+
+
+_NOTE_PREFIX = "jetwake: in "
+
+
+class FusedChain(EdgeTransform):
+    """The steps fused onto one edge, applied in order to each chunk.
+
+    ``vertex``: the vertex whose output the chain runs on. ``reported[i]``: whether step ``i``'s
+    counts are this stage's counts in the metrics (a stage whose output feeds two consumers runs
+    on both edges and is reported from one). Each processor applies its own instance
+    (:meth:`for_processor`), whose ``counts`` hold, for step ``i``, the items in at ``2 * i``
+    and the items out at ``2 * i + 1``.
+    """
+
+    def __init__(self, steps: Sequence[FusedStep], vertex: str,
+                 reported: Sequence[bool] | None = None) -> None:
+        if not steps:
+            raise ValueError("a fused chain needs at least one step")
+        self.steps = tuple(steps)
+        self.vertex = vertex
+        self.reported = tuple(reported) if reported is not None else \
+            tuple(s.user_stage for s in self.steps)
+        if len(self.reported) != len(self.steps):
+            raise ValueError(f"reported has {len(self.reported)} flags for "
+                             f"{len(self.steps)} steps")
+        self._applies = tuple(s.apply for s in self.steps)
+        self.counts = [0] * (2 * len(self.steps))
+
+    def for_processor(self) -> "FusedChain":
+        return FusedChain(self.steps, self.vertex, self.reported)
+
+    def __call__(self, items: list) -> list:
+        counts = self.counts
+        i = 0
+        for apply in self._applies:
+            counts[i] += len(items)
+            try:
+                items = apply(items)
+            except Exception as e:
+                self._name_stage(e, i // 2)
+                raise
+            counts[i + 1] += len(items)
             if not items:
                 break
-            items = step(items)
+            i += 2
         return items
 
-    return fused
+    def _name_stage(self, error: Exception, index: int) -> None:
+        step = self.steps[index]
+        error.add_note(f"{_NOTE_PREFIX}stage {step.stage!r} ({step.kind}) fused into vertex "
+                       f"{self.vertex!r}")
+
+    def stage_counts(self) -> Iterator[tuple[FusedStep, int, int]]:
+        """``(step, items in, items out)`` of every step reported in the metrics."""
+        counts = self.counts
+        for i, step in enumerate(self.steps):
+            if self.reported[i]:
+                yield step, counts[2 * i], counts[2 * i + 1]
+
+    def __repr__(self) -> str:
+        return (f"FusedChain({', '.join(f'{s.stage}:{s.kind}' for s in self.steps)} "
+                f"on {self.vertex!r})")
+
+
+def fused_stage_of(error: BaseException) -> str | None:
+    """For an exception raised in a fused stage, "stage 'name' (kind) fused into vertex
+    'vertex'"; None for any other."""
+    for note in getattr(error, "__notes__", ()):
+        if isinstance(note, str) and note.startswith(_NOTE_PREFIX):
+            return note[len(_NOTE_PREFIX):]
+    return None
+
+
+@dataclass
+class StageMetrics:
+    """Items in and out of one fused stage, summed over the processors it runs in."""
+    vertex: str
+    kind: str
+    items_in: int = 0
+    items_out: int = 0
+
+
+def fused_stage_metrics(transforms: Iterable[Any]) -> dict[str, StageMetrics]:
+    """The counts of every fused stage, by stage name, from the edge transforms processors
+    apply (anything that is not a :class:`FusedChain` is skipped)."""
+    out: dict[str, StageMetrics] = {}
+    for chain in transforms:
+        if not isinstance(chain, FusedChain):
+            continue
+        for step, n_in, n_out in chain.stage_counts():
+            m = out.get(step.stage)
+            if m is None:
+                m = out[step.stage] = StageMetrics(chain.vertex, step.kind)
+            m.items_in += n_in
+            m.items_out += n_out
+    return out

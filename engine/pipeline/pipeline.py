@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
+from jetwake.engine.core.dag import DAG
 from jetwake.engine.core.errors import PipelineError
 from jetwake.engine.operations.aggregate import AggregateOperation
-from jetwake.engine.pipeline.connector import Sink, Source
+from jetwake.engine.pipeline.connector import Sink, Source, native_pair_timestamp
+from jetwake.engine.pipeline.planner import Planner
 from jetwake.engine.pipeline.transforms import (
     AggregateTransform, CustomTransform, DistinctTransform, HashJoinTransform,
     MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
@@ -61,10 +63,13 @@ class Pipeline:
     def sinks(self) -> list[SinkTransform]:
         return [t for t in self.transforms if isinstance(t, SinkTransform)]
 
-    def to_dag(self, default_parallelism: int = 2):
-        """Compiles the pipeline to a DAG (see ``planner.py``)."""
-        from jetwake.engine.pipeline.planner import Planner
-        return Planner(self, default_parallelism).build()
+    def to_dag(self, default_parallelism: int = 2) -> DAG:
+        """Compiles the pipeline to a DAG: each stage plans itself (see ``planner.py``)."""
+        if not self.transforms:
+            raise PipelineError("the pipeline is empty: start it with read_from(source)")
+        if not self.sinks():
+            raise PipelineError("the pipeline has no sink: end it with write_to(sink)")
+        return Planner(self.transforms, default_parallelism).build()
 
     def _add(self, t: T, base_name: str) -> T:
         name = base_name
@@ -185,7 +190,6 @@ class Stage(_StageBase):
                 "timestamps (only a source that assigns times to its items has them, called "
                 "directly on the source stage); use with_timestamps(timestamp_fn, "
                 "allowed_lag) instead")
-        from jetwake.engine.pipeline.event_time import native_pair_timestamp
         fn = self.native_timestamp_fn
         native_pairs = fn is native_pair_timestamp
         return self._timestamps(None if native_pairs else fn, allowed_lag, policy,

@@ -1,381 +1,176 @@
-"""Compiles a Pipeline to a DAG.
+"""Compiles a pipeline's transforms to a DAG.
+
+Each transform plans itself, in pipeline order (``Transform.add_to_dag(planner)``, Jet's
+``addToDag``): it adds its vertices and connects them to the outputs of its upstream
+transforms through the :class:`Planner`, then records its own :class:`Output`. The planner
+owns what every transform shares: naming and numbering edges, the items' form on each output
+(plain, timestamped, a source's native pairs) and the step that takes timestamps off for a
+consumer of plain items, the routing a rebalance leaves for the next stage, and the fusion of
+stateless stages.
 
 Stateless stages create no vertex: they accumulate as a chain on their upstream's output and
-become the fused ``transform`` of the edge that leaves it (see ``fusion.py``). A keyed
-aggregation becomes two vertices, accumulate and combine, joined by a distributed partitioned
-edge (Jet's two-stage aggregation); a keyless one joins them with an all-to-one edge; an operation without
-``combine`` runs in one stage after the partitioned edge.
+become the fused ``transform`` of each edge that leaves it (see ``fusion.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import gcd
-from operator import itemgetter
-from typing import Any, Callable
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from jetwake.engine.core.dag import DAG, Edge, Vertex
-from jetwake.engine.processors.aggregation import (
-    AccumulateProcessor, AggregateProcessor, CombineProcessor,
-)
-from jetwake.engine.processors.distinct import DistinctProcessor
-from jetwake.engine.processors.hash_join import HashJoinProcessor
-from jetwake.engine.processors.insert_watermarks import InsertWatermarksProcessor
-from jetwake.engine.processors.map_stateful import MapStatefulProcessor
+from jetwake.engine.core.errors import PipelineError
+from jetwake.engine.pipeline.event_time import key_on_item
+from jetwake.engine.pipeline.fusion import FusedChain, FusedStep, unwrap_step
 from jetwake.engine.processors.pass_through import PassThroughProcessor
-from jetwake.engine.processors.rolling_aggregate import RollingAggregateProcessor
-from jetwake.engine.processors.session_window import SessionWindowProcessor
-from jetwake.engine.processors.sliding_window import (
-    FrameAccumulateProcessor, SlidingWindowProcessor, WindowCombineProcessor, composite_operation,
-)
-from jetwake.engine.processors.sort import MergeSortedProcessor, SortProcessor
-from jetwake.engine.pipeline.event_time import native_pair_timestamp, unwrap, wrapped_step
-from jetwake.engine.pipeline.fusion import StatelessOp, compile_chain
-from jetwake.engine.pipeline.pipeline import Pipeline, PipelineError
-from jetwake.engine.pipeline.transforms import (
-    AggregateTransform, CustomTransform, DistinctTransform, HashJoinTransform,
-    MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
-    SideSinkTransform, SinkTransform, SortTransform, SourceTransform, StatelessTransform,
-    TimestampTransform, Transform, WindowAggregateTransform,
-)
 
-__all__ = ["Planner"]
+if TYPE_CHECKING:  # pragma: no cover
+    from jetwake.engine.pipeline.transforms import Transform
 
-_first = itemgetter(0)
+__all__ = ["Planner", "Output", "ItemForm", "Routing"]
+
+
+class ItemForm(Enum):
+    """What the items on a stage's output are."""
+    PLAIN = "plain"                # the user's items
+    TIMESTAMPED = "timestamped"    # Timestamped(ts, item) values (after with_timestamps)
+    NATIVE_PAIRS = "native pairs"  # (ts, item) tuples of a source with native timestamps
 
 
 @dataclass(frozen=True)
-class _Output:
-    """Where a stage's items come from: a vertex, plus stateless stages not yet applied."""
+class Routing:
+    """How the next stage's inbound edge routes items, decided by a rebalance: to every
+    processor in the cluster, round-robin (no ``key_fn``) or by the partition of the key."""
+    key_fn: Callable[[Any], Any] | None
+
+    def configure(self, edge: Edge, form: ItemForm) -> Edge:
+        """Sets the routing of ``edge``, whose items have ``form``."""
+        edge.distributed()
+        if self.key_fn is None:
+            return edge.unicast()
+        key_fn = self.key_fn if form is ItemForm.PLAIN else key_on_item(self.key_fn)
+        return edge.partitioned(key_fn)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a stage's items come from: a vertex, the stateless stages not yet applied to its
+    items, their form, and the routing the next stage's inbound edge must use."""
     vertex: Vertex
-    chain: tuple[StatelessOp, ...] = ()
-    # routing the next stage's inbound edge must use (set by rebalance)
-    routing: Callable[[Edge], Edge] | None = None
+    chain: tuple[FusedStep, ...] = ()
+    form: ItemForm = ItemForm.PLAIN
+    routing: Routing | None = None
+
+
+def _same(edge: Edge) -> Edge:
+    return edge
 
 
 class Planner:
-    def __init__(self, pipeline: Pipeline, default_parallelism: int) -> None:
-        self.pipeline = pipeline
+    """Builds the DAG of a list of transforms (see the module docstring)."""
+
+    def __init__(self, transforms: Iterable["Transform"], default_parallelism: int) -> None:
+        self.transforms: list[Transform] = list(transforms)
         self.default_parallelism = default_parallelism
         self.dag = DAG()
-        self.outputs: dict[int, _Output] = {}
+        self._outputs: dict[Transform, Output] = {}
         self._next_out_ordinal: dict[str, int] = {}
         self._next_in_ordinal: dict[str, int] = {}
-        # transforms whose output items are (timestamp, item) pairs
-        self.wrapped: set[int] = set()
+        # fused user stages already counted on an edge (a stage feeding two consumers runs on
+        # both edges and is counted on the first), and the vertex each one runs in
+        self._reported: set[FusedStep] = set()
+        self._fused_stages: dict[str, str] = {}
 
     def build(self) -> DAG:
-        transforms = self.pipeline.transforms
-        if not transforms:
-            raise PipelineError("the pipeline is empty: start it with read_from(source)")
-        if not self.pipeline.sinks():
-            raise PipelineError("the pipeline has no sink: end it with write_to(sink)")
-        for t in transforms:
-            handler = getattr(self, f"_plan_{type(t).__name__}")
-            handler(t)
+        for t in self.transforms:
+            t.add_to_dag(self)
+        vertices = {v.name for v in self.dag.vertices}
+        for stage, vertex in self._fused_stages.items():
+            if stage in vertices:
+                raise PipelineError(
+                    f"stage {stage!r} (fused into vertex {vertex!r}) has the name of a vertex "
+                    "of another stage, so the job's metrics could not tell them apart; rename "
+                    "one of them with set_name()")
         return self.dag
 
-    # --- helpers -------------------------------------------------------------------------
+    # --- outputs ------------------------------------------------------------------------------
 
-    def _vertex(self, name: str, processor: Any, t: Transform, parallelism: int = -1) -> Vertex:
+    def output(self, t: "Transform") -> Output:
+        """The output of ``t``, planned before (transforms are planned in pipeline order)."""
+        return self._outputs[t]
+
+    def set_output(self, t: "Transform", output: Output) -> None:
+        self._outputs[t] = output
+
+    def downstream(self, t: "Transform") -> list["Transform"]:
+        """The transforms that take ``t``'s output."""
+        return [x for x in self.transforms if any(up is t for up in x.upstream)]
+
+    # --- vertices and edges ---------------------------------------------------------------
+
+    def vertex(self, name: str, processor: Any, t: "Transform",
+               parallelism: int = -1) -> Vertex:
+        """A new vertex of ``t``; ``parallelism`` -1 takes ``t``'s explicit parallelism, if
+        the user set one."""
         if parallelism == -1 and t.explicit_parallelism:
             parallelism = t.local_parallelism
         return self.dag.new_vertex(name, processor, parallelism)
 
-    def _connect(self, t: Transform, upstream: Transform, dest: Vertex,
-                 configure: Callable[[Edge], Edge] = lambda e: e, priority: int = 0,
-                 wrapped_input: bool = False) -> Edge:
-        """Connects ``upstream``'s output to ``dest``. ``wrapped_input``: ``dest`` takes the
-        (timestamp, item) pairs of a stage with timestamps; otherwise pairs are unwrapped on
-        the edge."""
-        out = self.outputs[id(upstream)]
-        pairs = id(upstream) in self.wrapped
-        if pairs and not wrapped_input:
-            out = _Output(out.vertex, out.chain + (("chunk", unwrap),), out.routing)
-        src = out.vertex
-        if any(e.source is src and e.destination is dest for e in self.dag.edges):
-            # a second edge between the same pair (a self-merge or self-join) is not allowed:
-            # route this one through a pass-through vertex
-            hop = self.dag.new_vertex(f"{t.name}-via-{src.name}", PassThroughProcessor)
-            self._edge(src, hop, out.chain, lambda e: e)
-            src, chain = hop, ()
-        else:
-            chain = out.chain
-        if out.routing is not None:
-            routing, inner = out.routing, configure
-            if pairs and wrapped_input:  # the items stay (timestamp, item) pairs on this edge
-                routing = getattr(routing, "on_pairs", routing)
-            configure = lambda e: inner(routing(e))  # noqa: E731 - the stage's own routing wins
-        edge = self._edge(src, dest, chain, configure)
-        edge.priority(priority)
-        return edge
-
-    def _edge(self, src: Vertex, dest: Vertex, chain: tuple, configure) -> Edge:
-        so = self._next_out_ordinal.get(src.name, 0)
-        do = self._next_in_ordinal.get(dest.name, 0)
-        self._next_out_ordinal[src.name] = so + 1
-        self._next_in_ordinal[dest.name] = do + 1
-        edge = configure(Edge(src, so, dest, do))
-        edge.transform = compile_chain(chain)
-        self.dag.edge(edge)
-        return edge
-
-    def _set(self, t: Transform, vertex: Vertex, chain: tuple = ()) -> None:
-        self.outputs[id(t)] = _Output(vertex, chain)
-
-    # --- one method per transform type ---------------------------------------------------
-
-    def _plan_SourceTransform(self, t: SourceTransform) -> None:
-        v = self.dag.new_vertex(t.name, t.source.meta_supplier,
-                                t.local_parallelism if t.explicit_parallelism else -1)
-        self._set(t, v)
-        if t.source.timestamp_fn is native_pair_timestamp:
-            self.wrapped.add(id(t))
-
-    def _plan_StatelessTransform(self, t: StatelessTransform) -> None:
-        up = t.upstream[0]
-        out = self.outputs[id(up)]
-        wrapped = id(up) in self.wrapped
-        op: StatelessOp = ("chunk", wrapped_step(t.op, t.fn)) if wrapped else (t.op, t.fn)
-        if wrapped:
-            self.wrapped.add(id(t))
-        if t.explicit_parallelism:
-            # the user asked for this stage's own parallelism: give it its own vertex
-            v = self._vertex(t.name, PassThroughProcessor, t)
-            self._connect(t, up, v, wrapped_input=wrapped)
-            self.outputs[id(t)] = _Output(v, (op,))
-            return
-        self.outputs[id(t)] = _Output(out.vertex, out.chain + (op,))
-
-    def _plan_AggregateTransform(self, t: AggregateTransform) -> None:
-        op, key_fn = t.op, t.key_fn
-        up = t.upstream[0]
-        if not op.can_combine:
-            v = self._vertex(t.name, lambda: AggregateProcessor(op, key_fn), t,
-                             -1 if key_fn is not None else 1)
-            if key_fn is None:
-                self._connect(t, up, v, lambda e: e.distributed().all_to_one())
-            else:
-                self._connect(t, up, v, lambda e: e.distributed().partitioned(key_fn))
-            self._set(t, v)
-            return
-        acc = self._vertex(f"{t.name}-accumulate", lambda: AccumulateProcessor(op, key_fn), t)
-        self._connect(t, up, acc)
-        if key_fn is None:
-            comb = self._vertex(t.name, lambda: CombineProcessor(op, False), t, 1)
-            self._edge(acc, comb, (), lambda e: e.distributed().all_to_one())
-        else:
-            comb = self._vertex(t.name, lambda: CombineProcessor(op, True), t)
-            self._edge(acc, comb, (), lambda e: e.distributed().partitioned(_first))
-        self._set(t, comb)
-
-    def _plan_DistinctTransform(self, t: DistinctTransform) -> None:
-        key_fn = t.key_fn
-        v = self._vertex(t.name, lambda: DistinctProcessor(key_fn), t)
-        self._connect(t, t.upstream[0], v,
-                      lambda e: e.distributed().partitioned(key_fn or _identity))
-        self._set(t, v)
-
-    def _plan_SortTransform(self, t: SortTransform) -> None:
-        key, reverse = t.key, t.reverse
-        local = self._vertex(f"{t.name}-local", lambda: SortProcessor(key, reverse), t)
-        self._connect(t, t.upstream[0], local)
-        merge = self.dag.new_vertex(t.name, lambda: MergeSortedProcessor(key, reverse), 1)
-        self._edge(local, merge, (), lambda e: e.distributed().all_to_one())
-        self._set(t, merge)
-
-    def _plan_RebalanceTransform(self, t: RebalanceTransform) -> None:
-        # no vertex: the next stage's inbound edge becomes distributed (and partitioned)
-        out = self.outputs[id(t.upstream[0])]
-        key_fn = t.key_fn
-        if key_fn is None:
-            routing = lambda e: e.distributed().unicast()  # noqa: E731
-        else:
-            routing = lambda e: e.distributed().partitioned(key_fn)  # noqa: E731
-            pair_key = _on_item(key_fn)
-            routing.on_pairs = lambda e: e.distributed().partitioned(pair_key)  # type: ignore
-        self.outputs[id(t)] = _Output(out.vertex, out.chain, routing)
-        if id(t.upstream[0]) in self.wrapped:
-            self.wrapped.add(id(t))
-
-    def _plan_MergeTransform(self, t: MergeTransform) -> None:
-        v = self._vertex(t.name, PassThroughProcessor, t)
-        wrapped = all(id(up) in self.wrapped for up in t.upstream)
-        for up in t.upstream:
-            self._connect(t, up, v, wrapped_input=wrapped)
-        self._set(t, v)
-        if wrapped:
-            self.wrapped.add(id(t))
-
-    def _plan_HashJoinTransform(self, t: HashJoinTransform) -> None:
-        args = (t.key_fn, t.build_key_fn, t.build_value_fn, t.join_fn, t.outer)
-        v = self._vertex(t.name, lambda: HashJoinProcessor(*args), t)
-        self._connect(t, t.upstream[0], v)
-        # the build side is sent to every processor and consumed before the stream
-        self._connect(t, t.upstream[1], v, lambda e: e.distributed().broadcast(), priority=-1)
-        self._set(t, v)
-
-    def _plan_CustomTransform(self, t: CustomTransform) -> None:
-        v = self._vertex(t.name, t.processor_supplier, t)
-        self._connect(t, t.upstream[0], v)
-        self._set(t, v)
-
-    def _plan_SinkTransform(self, t: SinkTransform) -> None:
-        v = self._vertex(t.name, t.sink.meta_supplier, t)
-        key_fn = t.sink.partition_key_fn
-        if key_fn is None:
-            self._connect(t, t.upstream[0], v)
-        else:
-            self._connect(t, t.upstream[0], v, lambda e: e.distributed().partitioned(key_fn))
-        self._set(t, v)
-
-
-    # --- event time ----------------------------------------------------------------------
-
-    def _resolved_parallelism(self, v: Vertex) -> int:
+    def resolved_parallelism(self, v: Vertex) -> int:
+        """The local parallelism ``v`` will run with."""
         n = v.local_parallelism
         if n < 1:
             n = v.meta_supplier.preferred_local_parallelism()
         return n if n >= 1 else self.default_parallelism
 
-    def _side_sink(self, owner: Transform, v: Vertex) -> None:
-        """Wires ``owner``'s side-output sink to output ordinal 0 of ``v`` (call this before
-        any other outbound edge of ``v`` is made)."""
-        sink_t = next(x for x in self.pipeline.transforms
-                      if isinstance(x, SideSinkTransform) and x.upstream[0] is owner)
-        sv = self._vertex(sink_t.name, sink_t.sink.meta_supplier, sink_t)
-        key_fn = sink_t.sink.partition_key_fn
-        self._edge(v, sv, (), (lambda e: e.distributed().partitioned(key_fn))
-                   if key_fn is not None else (lambda e: e))
-        self._set(sink_t, sv)
+    def connect(self, t: "Transform", upstream: "Transform", dest: Vertex,
+                configure: Callable[[Edge], Edge] = _same, priority: int = 0,
+                takes: ItemForm | None = ItemForm.PLAIN) -> Edge:
+        """Connects ``upstream``'s output to ``dest``, a vertex of ``t``, applying the
+        stateless stages pending on that output. ``takes``: the form of items ``dest``
+        works on (timestamps are taken off on the edge for a consumer of plain items); None
+        for whatever form they have."""
+        out = self._outputs[upstream]
+        chain = out.chain
+        form = out.form
+        if takes is not None and form is not takes:
+            if takes is not ItemForm.PLAIN:
+                raise PipelineError(f"stage {t.name!r}: its input {upstream.name!r} has no "
+                                    "timestamps; call with_timestamps() before it")
+            chain += (unwrap_step(upstream.name),)
+            form = ItemForm.PLAIN
+        src = out.vertex
+        if any(e.source is src and e.destination is dest for e in self.dag.edges):
+            # a second edge between the same pair (a self-merge or self-join) is not allowed:
+            # route this one through a pass-through vertex
+            hop = self.dag.new_vertex(f"{t.name}-via-{src.name}", PassThroughProcessor)
+            self.edge(src, hop, chain)
+            src, chain = hop, ()
+        if out.routing is not None:
+            routing, own = out.routing, configure
+            # the stage's own routing (applied last) wins over the rebalance's
+            configure = lambda e: own(routing.configure(e, form))  # noqa: E731
+        edge = self.edge(src, dest, chain, configure)
+        edge.priority(priority)
+        return edge
 
-    def _watermark_step(self, t: TimestampTransform) -> int:
-        """The throttling step of ``t``'s watermarks: the gcd of the frame sizes (or session
-        gaps) of the windows downstream; 0 when none (a watermark per chunk of items)."""
-        downstream: dict[int, list[Transform]] = {}
-        for x in self.pipeline.transforms:
-            for up in x.upstream:
-                downstream.setdefault(id(up), []).append(x)
-        step = 0
-        seen: set[int] = set()
-        todo = [t]
-        while todo:
-            x = todo.pop()
-            for d in downstream.get(id(x), ()):
-                if id(d) in seen or isinstance(d, TimestampTransform):
-                    continue
-                seen.add(id(d))
-                if isinstance(d, WindowAggregateTransform):
-                    w = d.wdef
-                    step = gcd(step, w.gap if w.is_session else w.slide)
-                todo.append(d)
-        return step
-
-    def _plan_TimestampTransform(self, t: TimestampTransform) -> None:
-        up = t.upstream[0]
-        up_vertex = self.outputs[id(up)].vertex
-        n = self._resolved_parallelism(up_vertex)
-        if up_vertex.local_parallelism < 1:
-            up_vertex.set_local_parallelism(n)  # the value it resolves to anyway
-        ts_fn, factory, idle, step = t.timestamp_fn, t.policy_factory, t.idle_timeout, \
-            self._watermark_step(t)
-        side = t.side_sink is not None
-        name = t.name
-        follow = t.upstream_watermarks
-        v = self.dag.new_vertex(name, lambda: InsertWatermarksProcessor(
-            name, ts_fn, factory, step, idle, side, follow), n)
-        if side:
-            self._side_sink(t, v)
-        # one watermark inserter per upstream processor, so each sees one ordered stream
-        self._connect(t, up, v, lambda e: e.isolated(), wrapped_input=ts_fn is None)
-        self._set(t, v)
-        self.wrapped.add(id(t))
-
-    def _plan_SideSinkTransform(self, t: SideSinkTransform) -> None:
-        pass  # wired by the transform that owns the side output
-
-    def _plan_WindowAggregateTransform(self, t: WindowAggregateTransform) -> None:
-        for up in t.upstream:
-            if id(up) not in self.wrapped:
-                raise PipelineError(f"stage {t.name!r}: its input {up.name!r} has no "
-                                    "timestamps; call with_timestamps() before windowing")
-        wdef, ops, key_fns, name = t.wdef, t.ops, t.key_fns, t.name
-        keyed = key_fns is not None
-        side = t.side_sink is not None
-        chain: tuple = (("flat_map", t.post),) if t.post is not None else ()
-        # early results need the open frames in one place: they run in one stage, as in Jet
-        if not wdef.is_session and all(op.can_combine for op in ops) \
-                and (not wdef.early_results_period or len(ops) > 1):
-            kfs = list(key_fns) if keyed else [None] * len(ops)
-            acc = self._vertex(f"{name}-accumulate", lambda: FrameAccumulateProcessor(
-                name, wdef, ops, kfs, side), t)
-            if side:
-                self._side_sink(t, acc)
-            for up in t.upstream:
-                self._connect(t, up, acc, wrapped_input=True)
-            op = ops[0] if len(ops) == 1 else composite_operation(ops)
-            comb = self._vertex(name, lambda: WindowCombineProcessor(name, wdef, op, keyed), t,
-                                -1 if keyed else 1)
-            if keyed:
-                self._edge(acc, comb, (), lambda e: e.distributed().partitioned(_first))
-            else:
-                self._edge(acc, comb, (), lambda e: e.distributed().all_to_one())
-            self._set(t, comb, chain)
-            return
-        if len(ops) != 1:
-            raise PipelineError(f"stage {name!r}: co-aggregation of session windows is not "
-                                "supported; use sliding or tumbling windows")
-        op = ops[0]
-        key_fn = key_fns[0] if keyed else None
-        cls = SessionWindowProcessor if wdef.is_session else SlidingWindowProcessor
-        v = self._vertex(name, lambda: cls(name, wdef, op, key_fn, side), t,
-                         -1 if keyed else 1)
-        if side:
-            self._side_sink(t, v)
-        if keyed:
-            kf = _on_item(key_fn)
-            self._connect(t, t.upstream[0], v, lambda e: e.distributed().partitioned(kf),
-                          wrapped_input=True)
-        else:
-            self._connect(t, t.upstream[0], v, lambda e: e.distributed().all_to_one(),
-                          wrapped_input=True)
-        self._set(t, v, chain)
-
-    def _keyed_vertex(self, t: Transform, key_fn: Any, factory: Any) -> None:
-        wrapped = id(t.upstream[0]) in self.wrapped
-        if key_fn is None:
-            v = self._vertex(t.name, factory, t, 1)
-            self._connect(t, t.upstream[0], v, lambda e: e.distributed().all_to_one(),
-                          wrapped_input=wrapped)
-        else:
-            v = self._vertex(t.name, factory, t)
-            kf = _on_item(key_fn) if wrapped else key_fn
-            self._connect(t, t.upstream[0], v, lambda e: e.distributed().partitioned(kf),
-                          wrapped_input=wrapped)
-        self._set(t, v)
-        if wrapped:
-            self.wrapped.add(id(t))
-
-    def _plan_RollingAggregateTransform(self, t: RollingAggregateTransform) -> None:
-        wrapped = id(t.upstream[0]) in self.wrapped
-        name, op, key_fn = t.name, t.op, t.key_fn
-        self._keyed_vertex(t, key_fn,
-                           lambda: RollingAggregateProcessor(name, op, key_fn, wrapped))
-
-    def _plan_MapStatefulTransform(self, t: MapStatefulTransform) -> None:
-        wrapped = id(t.upstream[0]) in self.wrapped
-        if t.ttl is not None and not wrapped:
-            raise PipelineError(f"stage {t.name!r}: a ttl needs timestamps on its input")
-        name, create_fn, map_fn, key_fn, ttl, on_evict = (
-            t.name, t.create_fn, t.map_fn, t.key_fn, t.ttl, t.on_evict)
-        self._keyed_vertex(t, key_fn, lambda: MapStatefulProcessor(
-            name, create_fn, map_fn, key_fn, wrapped, ttl, on_evict))
-
-
-def _on_item(key_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """A key function over (timestamp, item) pairs."""
-    return lambda pair: key_fn(pair[1])
-
-
-def _identity(x: Any) -> Any:
-    return x
+    def edge(self, src: Vertex, dest: Vertex, chain: tuple[FusedStep, ...] = (),
+             configure: Callable[[Edge], Edge] = _same) -> Edge:
+        """A new edge from ``src`` to ``dest`` on the next free ordinals of each, running the
+        fused ``chain``."""
+        so = self._next_out_ordinal.get(src.name, 0)
+        do = self._next_in_ordinal.get(dest.name, 0)
+        self._next_out_ordinal[src.name] = so + 1
+        self._next_in_ordinal[dest.name] = do + 1
+        edge = configure(Edge(src, so, dest, do))
+        if chain:
+            reported = []
+            for step in chain:
+                first = step.user_stage and step not in self._reported
+                if first:
+                    self._reported.add(step)
+                    self._fused_stages[step.stage] = src.name
+                reported.append(first)
+            edge.transform = FusedChain(chain, src.name, reported)
+        self.dag.edge(edge)
+        return edge

@@ -1,15 +1,43 @@
 """The logical plan: one Transform per pipeline stage, linked to its upstream transforms.
 
-Stages build transforms; the planner (``planner.py``) turns them into a DAG. A transform's name
+Stages build transforms; at submission each transform plans itself into the DAG
+(:meth:`Transform.add_to_dag`, called by ``planner.py`` in pipeline order). A transform's name
 is unique in its pipeline and names its vertices, so saved state can be matched to stages.
+
+Every Transform subclass defines its own ``add_to_dag``; a class that does not fails when it
+is defined (at import), so a new kind of stage cannot be left without a plan.
 """
 
 from __future__ import annotations
 
+from math import gcd
+from operator import itemgetter
 from typing import Any, Callable
 
+from jetwake.engine.core.errors import PipelineError
+from jetwake.engine.core.dag import Vertex
 from jetwake.engine.operations.aggregate import AggregateOperation
 from jetwake.engine.pipeline.connector import Sink, Source
+from jetwake.engine.pipeline.event_time import key_on_item
+from jetwake.engine.pipeline.fusion import (
+    internal_step, stateless_function, stateless_step, unwrap_step,
+)
+from jetwake.engine.pipeline.planner import ItemForm, Output, Planner, Routing
+from jetwake.engine.processors.aggregation import (
+    AccumulateProcessor, AggregateProcessor, CombineProcessor,
+)
+from jetwake.engine.processors.distinct import DistinctProcessor
+from jetwake.engine.processors.hash_join import HashJoinProcessor
+from jetwake.engine.processors.insert_watermarks import InsertWatermarksProcessor
+from jetwake.engine.processors.map_stateful import MapStatefulProcessor
+from jetwake.engine.processors.pass_through import PassThroughProcessor
+from jetwake.engine.processors.rolling_aggregate import RollingAggregateProcessor
+from jetwake.engine.processors.session_window import SessionWindowProcessor
+from jetwake.engine.processors.sliding_window import (
+    FrameAccumulateProcessor, SlidingWindowProcessor, WindowCombineProcessor, composite_operation,
+)
+from jetwake.engine.processors.sort import MergeSortedProcessor, SortProcessor
+from jetwake.engine.processors.stateless_stage import StatelessStageProcessor
 
 __all__ = [
     "Transform", "SourceTransform", "StatelessTransform", "AggregateTransform",
@@ -18,6 +46,13 @@ __all__ = [
     "WindowAggregateTransform", "RollingAggregateTransform", "MapStatefulTransform",
     "SideSinkTransform",
 ]
+
+_first = itemgetter(0)
+_PLAIN, _TIMESTAMPED = ItemForm.PLAIN, ItemForm.TIMESTAMPED
+
+
+def _identity(x: Any) -> Any:
+    return x
 
 
 class Transform:
@@ -28,6 +63,17 @@ class Transform:
         self.name = ""
         self.local_parallelism = -1
         self.explicit_parallelism = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "add_to_dag" not in cls.__dict__:
+            raise TypeError(f"{cls.__qualname__} must define add_to_dag(planner): how the "
+                            "stage becomes vertices and edges")
+
+    def add_to_dag(self, planner: Planner) -> None:
+        """Adds this stage's vertices and edges to ``planner.dag``, connected to the outputs
+        of its upstream transforms, and records this stage's output."""
+        raise NotImplementedError(f"{type(self).__qualname__}.add_to_dag")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -40,6 +86,11 @@ class SourceTransform(Transform):
         super().__init__([])
         self.source = source
 
+    def add_to_dag(self, planner: Planner) -> None:
+        v = planner.vertex(self.name, self.source.meta_supplier, self)
+        planner.set_output(self, Output(v, form=ItemForm.NATIVE_PAIRS
+                                        if self.source.emits_pairs else _PLAIN))
+
 
 class StatelessTransform(Transform):
     def __init__(self, upstream: Transform, op: str, fn: Callable[[Any], Any]) -> None:
@@ -47,6 +98,24 @@ class StatelessTransform(Transform):
         self.kind = op
         self.op = op
         self.fn = fn
+
+    def add_to_dag(self, planner: Planner) -> None:
+        up = self.upstream[0]
+        out = planner.output(up)
+        form = _TIMESTAMPED if out.form is _TIMESTAMPED else _PLAIN
+        if self.explicit_parallelism or out.routing is not None:
+            # a vertex of its own: the user set its parallelism, or a rebalance decides how
+            # items reach it (its routing applies to the stage's items as they were before it)
+            fn = stateless_function(self.op, self.fn, form is _TIMESTAMPED)
+            v = planner.vertex(self.name, lambda: StatelessStageProcessor(fn), self)
+            planner.connect(self, up, v, takes=form)
+            planner.set_output(self, Output(v, form=form))
+            return
+        chain = out.chain
+        if out.form is ItemForm.NATIVE_PAIRS:
+            chain += (unwrap_step(up.name),)  # the stage sees the items
+        step = stateless_step(self.name, self.op, self.fn, form is _TIMESTAMPED)
+        planner.set_output(self, Output(out.vertex, chain + (step,), form))
 
 
 class AggregateTransform(Transform):
@@ -58,6 +127,32 @@ class AggregateTransform(Transform):
         self.op = op
         self.key_fn = key_fn
 
+    def add_to_dag(self, planner: Planner) -> None:
+        """Keyed: accumulate and combine vertices joined by a distributed partitioned edge;
+        keyless: joined by an all-to-one edge; an operation without ``combine`` runs in one
+        vertex after the partitioned (or all-to-one) edge."""
+        op, key_fn = self.op, self.key_fn
+        up = self.upstream[0]
+        if not op.can_combine:
+            v = planner.vertex(self.name, lambda: AggregateProcessor(op, key_fn), self,
+                               -1 if key_fn is not None else 1)
+            if key_fn is None:
+                planner.connect(self, up, v, lambda e: e.distributed().all_to_one())
+            else:
+                planner.connect(self, up, v, lambda e: e.distributed().partitioned(key_fn))
+            planner.set_output(self, Output(v))
+            return
+        acc = planner.vertex(f"{self.name}-accumulate",
+                             lambda: AccumulateProcessor(op, key_fn), self)
+        planner.connect(self, up, acc)
+        if key_fn is None:
+            comb = planner.vertex(self.name, lambda: CombineProcessor(op, False), self, 1)
+            planner.edge(acc, comb, (), lambda e: e.distributed().all_to_one())
+        else:
+            comb = planner.vertex(self.name, lambda: CombineProcessor(op, True), self)
+            planner.edge(acc, comb, (), lambda e: e.distributed().partitioned(_first))
+        planner.set_output(self, Output(comb))
+
 
 class DistinctTransform(Transform):
     kind = "distinct"
@@ -65,6 +160,13 @@ class DistinctTransform(Transform):
     def __init__(self, upstream: Transform, key_fn: Callable[[Any], Any] | None) -> None:
         super().__init__([upstream])
         self.key_fn = key_fn
+
+    def add_to_dag(self, planner: Planner) -> None:
+        key_fn = self.key_fn
+        v = planner.vertex(self.name, lambda: DistinctProcessor(key_fn), self)
+        planner.connect(self, self.upstream[0], v,
+                        lambda e: e.distributed().partitioned(key_fn or _identity))
+        planner.set_output(self, Output(v))
 
 
 class SortTransform(Transform):
@@ -76,6 +178,14 @@ class SortTransform(Transform):
         self.key = key
         self.reverse = reverse
 
+    def add_to_dag(self, planner: Planner) -> None:
+        key, reverse = self.key, self.reverse
+        local = planner.vertex(f"{self.name}-local", lambda: SortProcessor(key, reverse), self)
+        planner.connect(self, self.upstream[0], local)
+        merge = planner.dag.new_vertex(self.name, lambda: MergeSortedProcessor(key, reverse), 1)
+        planner.edge(local, merge, (), lambda e: e.distributed().all_to_one())
+        planner.set_output(self, Output(merge))
+
 
 class RebalanceTransform(Transform):
     kind = "rebalance"
@@ -84,9 +194,23 @@ class RebalanceTransform(Transform):
         super().__init__([upstream])
         self.key_fn = key_fn
 
+    def add_to_dag(self, planner: Planner) -> None:
+        # no vertex: the next stage's inbound edge becomes distributed (and partitioned)
+        out = planner.output(self.upstream[0])
+        planner.set_output(self, Output(out.vertex, out.chain, out.form, Routing(self.key_fn)))
+
 
 class MergeTransform(Transform):
     kind = "merge"
+
+    def add_to_dag(self, planner: Planner) -> None:
+        v = planner.vertex(self.name, PassThroughProcessor, self)
+        forms = {planner.output(up).form for up in self.upstream}
+        # items keep their form when every input has it, else they all become plain
+        form = forms.pop() if len(forms) == 1 else _PLAIN
+        for up in self.upstream:
+            planner.connect(self, up, v, takes=form)
+        planner.set_output(self, Output(v, form=form))
 
 
 class HashJoinTransform(Transform):
@@ -102,6 +226,15 @@ class HashJoinTransform(Transform):
         self.join_fn = join_fn
         self.outer = outer
 
+    def add_to_dag(self, planner: Planner) -> None:
+        args = (self.key_fn, self.build_key_fn, self.build_value_fn, self.join_fn, self.outer)
+        v = planner.vertex(self.name, lambda: HashJoinProcessor(*args), self)
+        planner.connect(self, self.upstream[0], v)
+        # the build side is sent to every processor and consumed before the stream
+        planner.connect(self, self.upstream[1], v, lambda e: e.distributed().broadcast(),
+                        priority=-1)
+        planner.set_output(self, Output(v))
+
 
 class CustomTransform(Transform):
     kind = "custom"
@@ -110,6 +243,11 @@ class CustomTransform(Transform):
         super().__init__([upstream])
         self.processor_supplier = processor_supplier
 
+    def add_to_dag(self, planner: Planner) -> None:
+        v = planner.vertex(self.name, self.processor_supplier, self)
+        planner.connect(self, self.upstream[0], v)
+        planner.set_output(self, Output(v))
+
 
 class SinkTransform(Transform):
     kind = "sink"
@@ -117,6 +255,38 @@ class SinkTransform(Transform):
     def __init__(self, upstream: Transform, sink: Sink) -> None:
         super().__init__([upstream])
         self.sink = sink
+
+    def add_to_dag(self, planner: Planner) -> None:
+        v = planner.vertex(self.name, self.sink.meta_supplier, self)
+        key_fn = self.sink.partition_key_fn
+        if key_fn is None:
+            planner.connect(self, self.upstream[0], v)
+        else:
+            planner.connect(self, self.upstream[0], v,
+                            lambda e: e.distributed().partitioned(key_fn))
+        planner.set_output(self, Output(v))
+
+
+class SideSinkTransform(SinkTransform):
+    """A sink fed by a side output of ``owner`` (late events, unreadable timestamps); the
+    owner wires it while planning itself (:func:`_plan_side_sink`)."""
+
+    kind = "side-sink"
+
+    def add_to_dag(self, planner: Planner) -> None:
+        pass  # planned by the transform that owns the side output
+
+
+def _plan_side_sink(planner: Planner, owner: Transform, v: Vertex) -> None:
+    """Wires ``owner``'s side-output sink to output ordinal 0 of ``v`` (call this before any
+    other outbound edge of ``v`` is made)."""
+    sink_t = next(x for x in planner.transforms
+                  if isinstance(x, SideSinkTransform) and x.upstream[0] is owner)
+    sv = planner.vertex(sink_t.name, sink_t.sink.meta_supplier, sink_t)
+    key_fn = sink_t.sink.partition_key_fn
+    planner.edge(v, sv, (), (lambda e: e.distributed().partitioned(key_fn))
+                 if key_fn is not None else (lambda e: e))
+    planner.set_output(sink_t, Output(sv))
 
 
 # --- event time ------------------------------------------------------------------------------
@@ -138,6 +308,45 @@ class TimestampTransform(Transform):
         self.upstream_watermarks = upstream_watermarks
         self.side_sink: Sink | None = None  # events without a readable timestamp
 
+    def watermark_step(self, planner: Planner) -> int:
+        """The throttling step of this stage's watermarks: the gcd of the frame sizes (or
+        session gaps) of the windows downstream; 0 when none (a watermark per chunk)."""
+        step = 0
+        seen: set[int] = set()
+        todo: list[Transform] = [self]
+        while todo:
+            x = todo.pop()
+            for d in planner.downstream(x):
+                if id(d) in seen or isinstance(d, TimestampTransform):
+                    continue
+                seen.add(id(d))
+                if isinstance(d, WindowAggregateTransform):
+                    w = d.wdef
+                    step = gcd(step, w.gap if w.is_session else w.slide)
+                todo.append(d)
+        return step
+
+    def add_to_dag(self, planner: Planner) -> None:
+        up = self.upstream[0]
+        up_vertex = planner.output(up).vertex
+        n = planner.resolved_parallelism(up_vertex)
+        if up_vertex.local_parallelism < 1:
+            up_vertex.set_local_parallelism(n)  # the value it resolves to anyway
+        ts_fn, factory, idle = self.timestamp_fn, self.policy_factory, self.idle_timeout
+        step = self.watermark_step(planner)
+        side = self.side_sink is not None
+        name = self.name
+        follow = self.upstream_watermarks
+        v = planner.dag.new_vertex(name, lambda: InsertWatermarksProcessor(
+            name, ts_fn, factory, step, idle, side, follow), n)
+        if side:
+            _plan_side_sink(planner, self, v)
+        # one watermark inserter per upstream processor, so each sees one ordered stream; a
+        # source with native timestamps hands it its (timestamp, item) pairs
+        planner.connect(self, up, v, lambda e: e.isolated(),
+                        takes=ItemForm.NATIVE_PAIRS if ts_fn is None else _PLAIN)
+        planner.set_output(self, Output(v, form=_TIMESTAMPED))
+
 
 class WindowAggregateTransform(Transform):
     """A windowed aggregation of one or more inputs (``aggregate`` / ``aggregate2``)."""
@@ -154,6 +363,74 @@ class WindowAggregateTransform(Transform):
         self.post = post        # a flat-map over the window results (the windowed join)
         self.side_sink: Sink | None = None  # late events
 
+    def add_to_dag(self, planner: Planner) -> None:
+        """Sliding and tumbling windows of operations that combine: a frame-accumulate
+        vertex per upstream processor and a combine vertex after a partitioned edge (early
+        results of one operation need the open frames in one place: they run in one stage, as
+        in Jet); otherwise one vertex after the partitioned edge."""
+        for up in self.upstream:
+            if planner.output(up).form is not _TIMESTAMPED:
+                raise PipelineError(f"stage {self.name!r}: its input {up.name!r} has no "
+                                    "timestamps; call with_timestamps() before windowing")
+        wdef, ops, key_fns, name = self.wdef, self.ops, self.key_fns, self.name
+        keyed = key_fns is not None
+        side = self.side_sink is not None
+        chain = (internal_step(name, "window join", self.post),) if self.post is not None \
+            else ()
+        if not wdef.is_session and all(op.can_combine for op in ops) \
+                and (not wdef.early_results_period or len(ops) > 1):
+            kfs = list(key_fns) if keyed else [None] * len(ops)
+            acc = planner.vertex(f"{name}-accumulate", lambda: FrameAccumulateProcessor(
+                name, wdef, ops, kfs, side), self)
+            if side:
+                _plan_side_sink(planner, self, acc)
+            for up in self.upstream:
+                planner.connect(self, up, acc, takes=_TIMESTAMPED)
+            op = ops[0] if len(ops) == 1 else composite_operation(ops)
+            comb = planner.vertex(name, lambda: WindowCombineProcessor(name, wdef, op, keyed),
+                                  self, -1 if keyed else 1)
+            if keyed:
+                planner.edge(acc, comb, (), lambda e: e.distributed().partitioned(_first))
+            else:
+                planner.edge(acc, comb, (), lambda e: e.distributed().all_to_one())
+            planner.set_output(self, Output(comb, chain))
+            return
+        if len(ops) != 1:
+            raise PipelineError(f"stage {name!r}: co-aggregation of session windows is not "
+                                "supported; use sliding or tumbling windows")
+        op = ops[0]
+        key_fn = key_fns[0] if keyed else None
+        cls = SessionWindowProcessor if wdef.is_session else SlidingWindowProcessor
+        v = planner.vertex(name, lambda: cls(name, wdef, op, key_fn, side), self,
+                           -1 if keyed else 1)
+        if side:
+            _plan_side_sink(planner, self, v)
+        if key_fn is not None:
+            kf = key_on_item(key_fn)
+            planner.connect(self, self.upstream[0], v,
+                            lambda e: e.distributed().partitioned(kf), takes=_TIMESTAMPED)
+        else:
+            planner.connect(self, self.upstream[0], v, lambda e: e.distributed().all_to_one(),
+                            takes=_TIMESTAMPED)
+        planner.set_output(self, Output(v, chain))
+
+
+def _plan_keyed_vertex(planner: Planner, t: Transform, key_fn: Any, factory: Any,
+                       timestamped: bool) -> None:
+    """One vertex after a partitioned edge (all-to-one without a key); timestamped items
+    stay timestamped through it."""
+    form = _TIMESTAMPED if timestamped else _PLAIN
+    if key_fn is None:
+        v = planner.vertex(t.name, factory, t, 1)
+        planner.connect(t, t.upstream[0], v, lambda e: e.distributed().all_to_one(),
+                        takes=form)
+    else:
+        v = planner.vertex(t.name, factory, t)
+        kf = key_on_item(key_fn) if timestamped else key_fn
+        planner.connect(t, t.upstream[0], v, lambda e: e.distributed().partitioned(kf),
+                        takes=form)
+    planner.set_output(t, Output(v, form=form))
+
 
 class RollingAggregateTransform(Transform):
     kind = "rolling-aggregate"
@@ -163,6 +440,12 @@ class RollingAggregateTransform(Transform):
         super().__init__([upstream])
         self.op = op
         self.key_fn = key_fn
+
+    def add_to_dag(self, planner: Planner) -> None:
+        timestamped = planner.output(self.upstream[0]).form is _TIMESTAMPED
+        name, op, key_fn = self.name, self.op, self.key_fn
+        _plan_keyed_vertex(planner, self, key_fn, lambda: RollingAggregateProcessor(
+            name, op, key_fn, timestamped), timestamped)
 
 
 class MapStatefulTransform(Transform):
@@ -178,9 +461,11 @@ class MapStatefulTransform(Transform):
         self.ttl = ttl
         self.on_evict = on_evict
 
-
-class SideSinkTransform(SinkTransform):
-    """A sink fed by a side output of ``owner`` (late events, unreadable timestamps); the
-    planner wires it while planning the owner."""
-
-    kind = "side-sink"
+    def add_to_dag(self, planner: Planner) -> None:
+        timestamped = planner.output(self.upstream[0]).form is _TIMESTAMPED
+        if self.ttl is not None and not timestamped:
+            raise PipelineError(f"stage {self.name!r}: a ttl needs timestamps on its input")
+        name, create_fn, map_fn, key_fn, ttl, on_evict = (
+            self.name, self.create_fn, self.map_fn, self.key_fn, self.ttl, self.on_evict)
+        _plan_keyed_vertex(planner, self, key_fn, lambda: MapStatefulProcessor(
+            name, create_fn, map_fn, key_fn, timestamped, ttl, on_evict), timestamped)

@@ -1,10 +1,10 @@
 """Inserting watermarks after the stage that assigns timestamps (docs/windowing.md, "Watermarks").
 
-The processor reads each item's timestamp, emits the item as a ``(timestamp, item)`` pair (the
-form every event-time stage downstream works on), and inserts a watermark into the stream
-whenever the policy's watermark, rounded down to the throttling step, advances. The watermark
-is inserted exactly after the item that advanced it, whatever the chunking, so which events
-are late does not depend on how items were batched.
+The processor reads each item's timestamp, emits the item as a timestamped
+``(timestamp, item)`` value (the form every event-time stage downstream works on), and inserts a watermark
+into the stream whenever the policy's watermark, rounded down to the throttling step,
+advances. The watermark is inserted exactly after the item that advanced it, whatever the
+chunking, so which events are late does not depend on how items were batched.
 
 An input that delivers nothing for ``idle_timeout`` ms of wall-clock time is marked idle (the
 IDLE message) so that the stages downstream stop waiting for it; its next item makes it active
@@ -13,7 +13,7 @@ again. Watermarks arriving from upstream are dropped: this stage starts a new ev
 After a source that emits its own watermarks (``Source(emits_watermarks=True)``, such as the
 Kafka source tracking event time per partition) and ``with_native_timestamps(lag)``, the stage
 *follows* them instead: each upstream watermark, minus the lag and throttled, is the stage's
-watermark, and the source's idle marker is forwarded; items only get their pairs.
+watermark, and the source's idle marker is forwarded; items only become timestamped values.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from itertools import accumulate
 from typing import Any, Callable
 
 from jetwake.engine.core.errors import JetwakeError
-from jetwake.engine.core.stream_items import IDLE_MESSAGE, Watermark
+from jetwake.engine.core.stream_items import IDLE_MESSAGE, Timestamped, Watermark, timestamped
 from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
 from jetwake.engine.operations.watermark_policy import NO_WATERMARK, WatermarkPolicy, throttle
 from jetwake.engine.processors.event_time_base import EventTimeProcessor, first, short_repr
@@ -43,8 +43,8 @@ class InsertWatermarksProcessor(EventTimeProcessor):
                  policy_factory: Callable[[], WatermarkPolicy], step: int = 1,
                  idle_timeout: int = 60_000, side_output: bool = False,
                  follow_upstream: bool = False) -> None:
-        """``timestamp_fn`` None: the items already are ``(timestamp, item)`` pairs (a source
-        with native timestamps). ``side_output``: route items without a readable timestamp
+        """``timestamp_fn`` None: the items are ``(timestamp, item)`` pairs (a source with
+        native timestamps). ``side_output``: route items without a readable timestamp
         to output ordinal 0 instead of failing the job. ``follow_upstream``: the watermarks
         come from the source (see the module docstring)."""
         self.stage_name = stage_name
@@ -75,55 +75,56 @@ class InsertWatermarksProcessor(EventTimeProcessor):
             return
         items = inbox.drain()
         if self.timestamp_fn is not None:
-            pairs, tss = self._read_timestamps(items)
+            stamped, tss = self._read_timestamps(items)
         else:
-            pairs = items
+            # the source's (timestamp, item) pairs already are timestamped values
+            stamped = items
             tss = list(map(first, items))
             if not _all_ints(tss):
-                pairs, tss = self._check_pairs(pairs)
+                stamped, tss = self._check_pairs(items)
         self._last_activity = time.monotonic()
-        if not pairs:
+        if not stamped:
             return
         if self.follow_upstream:
-            self._emit(pairs)  # the source's watermarks follow in-band
+            self._emit(stamped)  # the source's watermarks follow in-band
             self._flush()
             return
         was_idle = self._idle
         self._idle = False
         if self.real_time:
-            self._emit(pairs)
+            self._emit(stamped)
             if not self._advance_real_time() and was_idle:
                 self._emit_control(Watermark(self.last_wm))
             self._flush()
             return
         before = self.last_wm
-        self._insert(pairs, tss)
+        self._insert(stamped, tss)
         if was_idle and self.last_wm == before:
             # tell the coalescers downstream that this input is active again
             self._emit_control(Watermark(self.last_wm))
         self._flush()
 
-    def _insert(self, pairs: list, tss: list) -> None:
+    def _insert(self, stamped: list, tss: list) -> None:
         lag, step = self.lag, self.step
         hi = max(tss)
         top = self.top
         last = self.last_wm
         if self.per_chunk and hi > top:
-            self._emit(pairs)
+            self._emit(stamped)
             self.top = hi
             if hi - lag > last:
                 self.last_wm = hi - lag
                 self._emit_control(Watermark(hi - lag))
             return
         if hi <= top or throttle(hi - lag, step) <= last:
-            self._emit(pairs)
+            self._emit(stamped)
             if hi > top:
                 self.top = hi
             return
         # the running maximum is monotonic: bisect for each item that moves the watermark
         running = list(accumulate(tss, max, initial=top))
         del running[0]
-        n = len(pairs)
+        n = len(stamped)
         pos = 0
         while pos < n:
             threshold = NO_WATERMARK if last == NO_WATERMARK else \
@@ -132,13 +133,13 @@ class InsertWatermarksProcessor(EventTimeProcessor):
             if i >= n:
                 break
             wm = throttle(running[i] - lag, step)
-            self._emit(pairs[pos:i + 1])
+            self._emit(stamped[pos:i + 1])
             if wm > last:
                 self._emit_control(Watermark(wm))
                 last = wm
             pos = i + 1
         if pos < n:
-            self._emit(pairs[pos:])
+            self._emit(stamped[pos:])
         self.last_wm = last
         self.top = running[-1]
 
@@ -160,10 +161,11 @@ class InsertWatermarksProcessor(EventTimeProcessor):
             return self._check_items(items)
         if not _all_ints(tss):
             return self._check_items(items)
-        return list(zip(tss, items)), tss
+        stamped: list[Timestamped] = list(zip(tss, items))
+        return stamped, tss
 
     def _check_items(self, items: list) -> tuple[list, list]:
-        pairs, tss, bad = [], [], []
+        stamped, tss, bad = [], [], []
         fn = self.timestamp_fn
         for x in items:
             try:
@@ -177,17 +179,17 @@ class InsertWatermarksProcessor(EventTimeProcessor):
                 continue
             t = self._as_int(t, x, bad)
             if t is not None:
-                pairs.append((t, x))
+                stamped.append(timestamped(t, x))
                 tss.append(t)
         self._route_bad(bad)
-        return pairs, tss
+        return stamped, tss
 
     def _check_pairs(self, pairs: list) -> tuple[list, list]:
         good, tss, bad = [], [], []
         for t, x in pairs:
             t = self._as_int(t, x, bad)
             if t is not None:
-                good.append((t, x))
+                good.append(timestamped(t, x))
                 tss.append(t)
         self._route_bad(bad)
         return good, tss

@@ -21,6 +21,7 @@ from jetwake.snapshot.state.state_snapshots import (
     restore_keyed_state, saved_state_files, state_snapshot_entries,
 )
 from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
+from jetwake.engine.core.stream_items import timestamped
 from jetwake.engine.operations.watermark_policy import NO_WATERMARK
 from jetwake.engine.processors.event_time_base import EventTimeProcessor, call_with_arity
 
@@ -109,7 +110,7 @@ class MapStatefulProcessor(EventTimeProcessor):
             r = map_fn(state, k, x) if key_fn is not None else map_fn(state, x)
             states[k] = state
             if r is not None:
-                append((t, r))
+                append((t, r))  # keeps the event's timestamp
         if late:
             self._count_late(late)
         self._emit(out)
@@ -143,7 +144,7 @@ class MapStatefulProcessor(EventTimeProcessor):
             if on_evict is not None:
                 r = on_evict(state, k, wm)
                 if r is not None:
-                    out.append((wm, r))
+                    out.append(timestamped(wm, r))
         if evicted:
             self.context.metrics["evicted_keys"] += evicted
         self._emit(out)

@@ -1,7 +1,7 @@
 """Rolling aggregation: each item updates its key's accumulator and emits the current result.
 
 Keyed, after a partitioned edge: ``(key, result)`` for every item. Keyless, on one processor:
-the result alone. On a stage with timestamps the input and output are ``(ts, item)`` pairs and
+the result alone. On a stage with timestamps the input and output are ``Timestamped`` values and
 each output keeps its input's timestamp.
 """
 

@@ -85,7 +85,7 @@ class _WindowBase(EventTimeProcessor):
         context.metrics.setdefault("late_events", 0)
 
     def _split_late(self, items: list) -> list:
-        """Drops (or routes) the late ``(ts, item)`` pairs; returns the others."""
+        """Drops (or routes) the late timestamped values; returns the others."""
         min_ts = self.min_ts
         late = [p[1] for p in items if p[0] < min_ts]
         if not late:
@@ -118,7 +118,7 @@ class _WindowBase(EventTimeProcessor):
 
 
 class FrameAccumulateProcessor(_WindowBase):
-    """Stage 1: ``(ts, item)`` -> per-frame accumulators; emits ``(key, frame, acc)``."""
+    """Stage 1: timestamped items -> per-frame accumulators; emits ``(key, frame, acc)``."""
 
     def __init__(self, stage_name: str, wdef: WindowDefinition,
                  ops: Sequence[AggregateOperation],
