@@ -29,6 +29,7 @@ from jetwake.snapshot.protocol.fault_injection import crash_point
 from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
+from jetwake.engine.pipeline.fusion import StageMetrics, fused_stage_metrics, fused_stage_of
 from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 from jetwake.snapshot.protocol.restore import restore_state
 from jetwake.snapshot.state.keyed_state import in_memory_state_factory
@@ -480,7 +481,11 @@ class JobCoordinator:
             except AttributeError:  # pragma: no cover
                 pass
             log.error("job %s failed in %s: %r", self.name, execution.error_tasklet, err)
-            self.failure_text = f"{type(err).__name__}: {err} (in {execution.error_tasklet})"
+            # a stateless stage fused into a vertex is named with the vertex's processor
+            stage = fused_stage_of(err)
+            where = execution.error_tasklet if stage is None else \
+                f"{stage}, processor {execution.error_tasklet}"
+            self.failure_text = f"{type(err).__name__}: {err} (in {where})"
             if self.config.suspend_on_failure:
                 self.error = err
                 self._set_status(JobStatus.SUSPENDED)
@@ -870,7 +875,27 @@ class JobCoordinator:
         return list(execution.tasklets)
 
     def metrics(self) -> dict[str, dict[str, int]]:
-        """Items in and out per vertex, summed over the vertex's processors on this member."""
+        """Items in and out per vertex (with the other counters its processors keep), and per
+        stateless stage fused into a vertex, by the stage's name: every stage the user wrote
+        is there, under its own name or as the vertex named after it. Counts are this
+        member's, for the current (or last) execution."""
+        out = self.vertex_metrics()
+        for stage, m in self.stage_metrics().items():
+            out[stage] = {"items_in": m.items_in, "items_out": m.items_out}
+        return out
+
+    def stage_metrics(self) -> dict[str, StageMetrics]:
+        """Items in and out of each stateless stage fused into a vertex, summed over the
+        processors that run it on this member."""
+        execution = self._execution
+        if execution is None:
+            return {}
+        return fused_stage_metrics(s.transform for t in execution.tasklets
+                                   for s in t.outbound)
+
+    def vertex_metrics(self) -> dict[str, dict[str, int]]:
+        """Items in and out per vertex, summed over the vertex's processors on this member,
+        with the other counters they keep in ``context.metrics``."""
         execution = self._execution
         out: dict[str, dict[str, int]] = {}
         if execution is None:

@@ -18,6 +18,9 @@ kept for jobs that are gone):
                                                (read from the source's consumer, or a
                                                ``kafka_consumer_lag`` value it reports)
 ``jetwake_vertex_<name>_lag``          gauge   other processor values ending in ``lag``
+``jetwake_stage_items_in_total``       counter items a stateless stage fused into a vertex
+                                               took (this member)
+``jetwake_stage_items_out_total``      counter items it gave to the next stage
 ``jetwake_snapshot_duration_ms``       gauge   the job's last snapshot: duration
 ``jetwake_snapshot_size_bytes``        gauge   ... its size
 ``jetwake_snapshot_entries``           gauge   ... its entry count
@@ -27,7 +30,9 @@ kept for jobs that are gone):
                                                disk): rolled back, the job runs on
 =====================================  ======  ===========================================
 
-Labels: ``job`` (name) and ``job_id``; vertex metrics add ``vertex``.
+Labels: ``job`` (name) and ``job_id``; vertex metrics add ``vertex``; stage metrics add
+``stage``, ``kind`` (map, filter, flat_map) and the ``vertex`` the stage is fused into. A stage
+with a vertex of its own is measured by the vertex metrics (the vertex bears its name).
 """
 
 from __future__ import annotations
@@ -172,6 +177,13 @@ class JetwakeCollector:
             "jetwake_snapshot_failures",
             "Snapshots of the job that could not be written (a full disk, say); each was "
             "rolled back and the job ran on", labels=["job", "job_id"])
+        stage_labels = ["job", "job_id", "stage", "kind", "vertex"]
+        stage_in = CounterMetricFamily("jetwake_stage_items_in",
+                                       "Items a stateless stage fused into a vertex took, on "
+                                       "this member", labels=stage_labels)
+        stage_out = CounterMetricFamily("jetwake_stage_items_out",
+                                        "Items a stateless stage fused into a vertex gave to "
+                                        "the next stage, on this member", labels=stage_labels)
         custom: dict[str, Metric] = {}
 
         for c in coords:
@@ -190,7 +202,8 @@ class JetwakeCollector:
             if c.status.is_terminal:
                 continue
             try:
-                per_vertex = c.metrics()
+                per_vertex = c.vertex_metrics()
+                per_stage = c.stage_metrics()
                 gauges = vertex_gauges(c)
             except Exception:  # noqa: BLE001 - an execution may end while it is read
                 log.debug("reading metrics of job %s", c.name, exc_info=True)
@@ -221,6 +234,10 @@ class JetwakeCollector:
                                                       labels=["job", "job_id", "vertex"])
                         custom[name] = fam
                     fam.add_metric(vl, value)
+            for stage, sm in per_stage.items():
+                sl = jl + [stage, sm.kind, sm.vertex]
+                stage_in.add_metric(sl, sm.items_in)
+                stage_out.add_metric(sl, sm.items_out)
             for vertex, g in gauges.items():
                 vl = jl + [vertex]
                 fill.add_metric(vl, g.get("queue_fill_ratio", 0.0))
@@ -229,7 +246,8 @@ class JetwakeCollector:
                 if "kafka_consumer_lag" in g:
                     kafka_lag.add_metric(vl, g["kafka_consumer_lag"])
         yield from (status, restarts, items_in, items_out, fill, wm_lag, kafka_lag, late,
-                    snap_ms, snap_bytes, snap_entries, snap_id, snap_count, snap_failures)
+                    snap_ms, snap_bytes, snap_entries, snap_id, snap_count, snap_failures,
+                    stage_in, stage_out)
         yield from custom.values()
 
 
