@@ -700,21 +700,27 @@ def test_chained_aggregations(member):
     assert list(member.get_list("top")) == [("a", 5)]
 
 
+# The peak of one job includes the chunks in flight, and how full the bounded queues get
+# depends on how the threads happen to be scheduled (from a third to all of their capacity):
+# the probe runs the job five times and reports the lowest peak, the one least disturbed.
 _MEMORY_PROBE = """
 import sys, tracemalloc
 from jetwake import AggregateOperations, Member, Pipeline, Sinks, Sources
 repeat = int(sys.argv[1])
 lines = ["a b"] * repeat
-p = Pipeline()
-(p.read_from(Sources.items(lines)).flat_map(str.split).group_by(lambda w: w)
-  .aggregate(AggregateOperations.counting()).write_to(Sinks.map("mem")))
+peaks = []
 with Member(local_parallelism=1) as m:
-    tracemalloc.start()
-    m.new_job(p).join(60)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    assert dict(m.get_map("mem").items()) == {"a": repeat, "b": repeat}
-print(peak)
+    for run in range(5):
+        p = Pipeline()
+        (p.read_from(Sources.items(lines)).flat_map(str.split).group_by(lambda w: w)
+          .aggregate(AggregateOperations.counting()).write_to(Sinks.map(f"mem{run}")))
+        tracemalloc.start()
+        m.new_job(p).join(60)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert dict(m.get_map(f"mem{run}").items()) == {"a": repeat, "b": repeat}
+        peaks.append(peak)
+print(min(peaks))
 """
 
 
