@@ -29,8 +29,7 @@ from jetwake.engine.core.edge_transform import EdgeTransform
 from jetwake.engine.pipeline.event_time import adapt_to_timestamped, unwrap
 
 __all__ = ["FusedStep", "FusedChain", "StageMetrics", "stateless_function", "stateless_step",
-           "unwrap_step", "internal_step", "fused_stage_of", "fused_stage_metrics",
-           "STATELESS_KINDS"]
+           "unwrap_step", "internal_step", "fused_stage_of", "fused_stage_metrics"]
 
 
 # --- the semantics, once -------------------------------------------------------------------
@@ -51,7 +50,6 @@ def _flat_map(fn: Callable[[Any], Any]) -> Callable[[list], list]:
 _KINDS: dict[str, Callable[[Callable[[Any], Any]], Callable[[list], list]]] = {
     "map": _map, "filter": _filter, "flat_map": _flat_map,
 }
-STATELESS_KINDS = frozenset(_KINDS)
 
 
 def stateless_function(kind: str, fn: Callable[[Any], Any],
