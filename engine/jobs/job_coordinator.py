@@ -695,6 +695,9 @@ class JobCoordinator:
             if rec is not None:
                 crash_point("after-phase2")
             if write_error is not None:
+                if execution.finished.is_set() or execution.cancelled:
+                    # the job ended meanwhile and its snapshots were removed: not a failure
+                    raise JobStateError(f"job '{self.name}' ended during snapshot {sid}")
                 raise self._snapshot_write_failed(sid, write_error) from write_error
             if rec is None:
                 if execution.cancelled:
