@@ -317,7 +317,12 @@ def test_kafka_consumer_lag_metric(kafka_bootstrap, kafka_topic):
     topic = kafka_topic(partitions=2)
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20})
     for i in range(total):
-        producer.produce(topic, value=b"x")
+        while True:
+            try:
+                producer.produce(topic, value=b"x")
+                break
+            except BufferError:  # the local queue is full while the broker catches up
+                producer.poll(0.1)
         if i % 10_000 == 0:
             producer.poll(0)
     producer.flush(30)
