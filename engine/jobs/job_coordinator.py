@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from jetwake.engine.jobs.job_records import JobRecord
 from jetwake.snapshot.store.snapshot_store import (
-    CommitRecord, SnapshotDamagedError, SnapshotStoreError,
+    CommitRecord, SnapshotDamagedError,
 )
 from jetwake.engine.core.dag import DAG
 from jetwake.engine.core.errors import (
