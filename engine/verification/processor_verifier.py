@@ -40,7 +40,7 @@ from jetwake.engine.core.partitioning import (
 )
 from jetwake.snapshot.state.keyed_state import in_memory_state_factory
 from jetwake.snapshot.store.snapshot_files import SnapshotFiles, load_files, save_files
-from jetwake.snapshot.store.snapshot_store import _FilesRef
+from jetwake.snapshot.store.snapshot_store import SavedFilesRef
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Outbox, Processor, ProcessorContext
 from jetwake.engine.core.serialization import SerializationError, dumps, loads
 
@@ -628,8 +628,8 @@ class _Run:
         saved: list[tuple[Any, Any]] = []
         for blob in blobs:
             keys, values = loads(blob)
-            if any(type(v) is _FilesRef for v in values):
-                values = [load_files(v.manifest, v.path) if type(v) is _FilesRef else v
+            if any(type(v) is SavedFilesRef for v in values):
+                values = [load_files(v.manifest, v.path) if type(v) is SavedFilesRef else v
                           for v in values]
             saved.extend(zip(keys, values))
         return saved
@@ -674,13 +674,13 @@ class _Run:
             raise AssertionError(f"{self.name} {self.mode.description}: the state saved by "
                                  f"save_to_snapshot() cannot be serialized: {e}") from e
 
-    def _save_files(self, value: SnapshotFiles) -> _FilesRef:
+    def _save_files(self, value: SnapshotFiles) -> SavedFilesRef:
         """Files saved as state (a RocksDB checkpoint) are linked away at once, as the snapshot
         store does: a restore gets them from there, read-only."""
         if self._files_dir is None:
             self._files_dir = tempfile.mkdtemp(prefix="jetwake-verify-")
         path = os.path.join(self._files_dir, str(len(os.listdir(self._files_dir))))
-        return _FilesRef(path, save_files(value, path))
+        return SavedFilesRef(path, save_files(value, path))
 
     def _restore(self, entries: list[tuple[Any, Any]]) -> None:
         """Gives a fresh processor the entries a job restore would route to it."""

@@ -24,9 +24,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from jetwake.engine.core.errors import SnapshotError
 from jetwake.engine.core.serialization import SerializationError
+from jetwake.snapshot.store.snapshot_files import SnapshotFiles, save_files
+from jetwake.snapshot.store.snapshot_store import (
+    SavedFilesRef, SnapshotWriter, encode_frame, vertex_dir_name,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from jetwake.snapshot.store.snapshot_store import SnapshotWriter
     from jetwake.engine.execution.tasklet import ProcessorTasklet
 
 __all__ = ["SnapshotContext"]
@@ -143,22 +146,19 @@ class SnapshotContext:
 
     def _encode_final(self, key: tuple[str, int], entries: list[tuple[Any, Any]]
                       ) -> tuple[bytes, int, list[tuple[str, str]]]:
-        from jetwake.snapshot.store.snapshot_store import _FilesRef, _safe, encode_frame
         values = [e[1] for e in entries]
         attachments: list[tuple[str, str]] = []
-        files_type = _files_type()
-        if any(type(v) is files_type for v in values):
-            from jetwake.snapshot.store.snapshot_files import save_files
+        if any(type(v) is SnapshotFiles for v in values):
             if self.staging_dir is None:
                 raise SnapshotError(f"{key[0]}#{key[1]} saves files in its snapshot state, "
                                     "which needs a member with a data directory")
             out = []
             for v in values:
-                if type(v) is files_type:
-                    rel = os.path.join(_safe(key[0]), f"{key[1]}.final",
+                if type(v) is SnapshotFiles:
+                    rel = os.path.join(vertex_dir_name(key[0]), f"{key[1]}.final",
                                        str(len(self._final.get(key, ())) + len(attachments)))
                     src = os.path.join(self.staging_dir, rel)
-                    v = _FilesRef(rel, save_files(v, src))
+                    v = SavedFilesRef(rel, save_files(v, src))
                     attachments.append((rel, src))
                 out.append(v)
             values = out
@@ -194,13 +194,3 @@ class SnapshotContext:
                 self._ended.add(id(tasklet))
             self._cond.notify_all()
 
-
-def _files_type() -> type:
-    global _FILES_TYPE
-    if _FILES_TYPE is None:
-        from jetwake.snapshot.store.snapshot_files import SnapshotFiles
-        _FILES_TYPE = SnapshotFiles
-    return _FILES_TYPE
-
-
-_FILES_TYPE: type | None = None

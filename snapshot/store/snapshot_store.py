@@ -46,7 +46,8 @@ from jetwake.engine.core.serialization import SerializationError, dumps, loads, 
 from jetwake.snapshot.store.snapshot_files import SnapshotFiles, load_files, save_files
 
 __all__ = ["SnapshotStore", "SnapshotWriter", "SnapshotReader", "CommitRecord",
-           "SnapshotDamagedError", "SnapshotStoreError", "write_atomically"]
+           "SnapshotDamagedError", "SnapshotStoreError", "SavedFilesRef", "write_atomically",
+           "encode_frame", "vertex_dir_name"]
 
 log = logging.getLogger("jetwake.snapshot")
 
@@ -102,7 +103,7 @@ class CommitRecord:
         return cls(**json.loads(text))
 
 
-class _FilesRef:
+class SavedFilesRef:
     """The serialized stand-in of a SnapshotFiles value: where its files are, relative to the
     snapshot's directory, and their manifest."""
 
@@ -113,8 +114,8 @@ class _FilesRef:
         self.manifest = manifest
 
 
-register_type(_FILES_REF_TYPE_ID, _FilesRef, lambda r: [r.path, r.manifest],
-              lambda v: _FilesRef(v[0], v[1]))
+register_type(_FILES_REF_TYPE_ID, SavedFilesRef, lambda r: [r.path, r.manifest],
+              lambda v: SavedFilesRef(v[0], v[1]))
 
 
 def _fsync_dir(path: str) -> None:
@@ -218,7 +219,7 @@ class SnapshotWriter:
         if stream is None:
             file = None
             if self.directory is not None:
-                vdir = os.path.join(self.directory, _safe(vertex))
+                vdir = os.path.join(self.directory, vertex_dir_name(vertex))
                 os.makedirs(vdir, exist_ok=True)
                 file = open(os.path.join(vdir, f"{processor}.bin"), "wb")
             stream = self._streams[key] = _Stream(file)
@@ -267,15 +268,15 @@ class SnapshotWriter:
             except OSError as e:
                 self.error = e
 
-    def _save_files(self, value: Any, vertex: str, processor: int, stream: _Stream) -> _FilesRef:
+    def _save_files(self, value: Any, vertex: str, processor: int, stream: _Stream) -> SavedFilesRef:
         if self.directory is None:
             raise SnapshotStoreError(
                 f"{vertex}#{processor} saves files in its snapshot state, which needs a member "
                 "with a data directory: Member(data_dir=...)")
-        rel = os.path.join(_safe(vertex), f"{processor}.files", str(stream.files_saved))
+        rel = os.path.join(vertex_dir_name(vertex), f"{processor}.files", str(stream.files_saved))
         stream.files_saved += 1
         manifest = save_files(value, os.path.join(self.directory, rel))
-        return _FilesRef(rel, manifest)
+        return SavedFilesRef(rel, manifest)
 
     def _close_streams(self) -> None:
         """Closes every data file; a close that fails (buffered data on a full disk) does not
@@ -315,7 +316,7 @@ class SnapshotWriter:
                 return rec
             os.makedirs(self.directory, exist_ok=True)
             for vertex in {v for v, _ in self._streams}:
-                _fsync_dir(os.path.join(self.directory, _safe(vertex)))
+                _fsync_dir(os.path.join(self.directory, vertex_dir_name(vertex)))
             write_atomically(os.path.join(self.directory, COMMIT_FILE), rec.to_json().encode())
             return rec
 
@@ -377,7 +378,7 @@ class SnapshotReader:
             if data is None:
                 raise SnapshotDamagedError(f"{self._where(vertex, proc)}: data missing")
             return io.BytesIO(data)
-        path = os.path.join(self.directory, _safe(vertex), f"{proc}.bin")
+        path = os.path.join(self.directory, vertex_dir_name(vertex), f"{proc}.bin")
         try:
             return open(path, "rb")
         except FileNotFoundError:
@@ -419,11 +420,11 @@ class SnapshotReader:
                                            f"{count}")
 
     def _resolve_files(self, values: list) -> list:
-        if not any(type(v) is _FilesRef for v in values):
+        if not any(type(v) is SavedFilesRef for v in values):
             return values
         out = []
         for v in values:
-            if type(v) is _FilesRef:
+            if type(v) is SavedFilesRef:
                 if self.directory is None:
                     raise SnapshotDamagedError("files in a snapshot kept in memory")
                 try:
@@ -650,7 +651,7 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
-def _safe(vertex: str) -> str:
+def vertex_dir_name(vertex: str) -> str:
     """A vertex name as a directory name."""
     return vertex.replace("/", "%2F").replace("\\", "%5C")
 
