@@ -7,11 +7,20 @@ The raw loops are written as well as a user would write them: batched ``consume`
 see docs/performance.md), librdkafka's fetch back-off off, and the JSON functions of the
 library jetwake's ``"json"`` serializers use. Raw A is at-least-once (every second: flush the
 producer, then commit the consumed offsets); raw B gives no guarantee.
+
+The jetwake jobs use the connectors' and the member's defaults. To measure other settings
+(each was used for a figure in docs/performance.md): ``BENCH_JETWAKE_SOURCE_PROPS`` and
+``BENCH_JETWAKE_SINK_PROPS`` (JSON objects) add connector properties,
+``BENCH_JETWAKE_COOPERATIVE_THREADS`` sets the member's cooperative threads,
+``BENCH_GC_THRESHOLD`` ("700,10,10") sets the cyclic GC's thresholds in every runner, and
+``BENCH_GC_STATS`` (a file) has a runner write its collections and the time they took.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 import uuid
@@ -140,24 +149,28 @@ def jetwake_job(args: argparse.Namespace) -> None:
     )
 
     props = {"bootstrap.servers": args.bootstrap}
+    # for trying other settings against the defaults: JSON objects of extra properties
+    source_props = {**props, **json.loads(os.environ.get("BENCH_JETWAKE_SOURCE_PROPS", "{}"))}
+    sink_props = {**props, **json.loads(os.environ.get("BENCH_JETWAKE_SINK_PROPS", "{}"))}
     enrich = spec.enrich
     p = Pipeline()
     if args.workload == "A":
-        (p.read_from(Sources.kafka(args.input, props, value_deserializer="json"))
+        (p.read_from(Sources.kafka(args.input, source_props, value_deserializer="json"))
           .map(lambda kv: (kv[0], enrich(kv[1])))
-          .write_to(Sinks.kafka(args.output, props, value_serializer="json")))
+          .write_to(Sinks.kafka(args.output, sink_props, value_serializer="json")))
     else:
         window_value = spec.window_value
-        (p.read_from(Sources.kafka(args.input, props))
+        (p.read_from(Sources.kafka(args.input, source_props))
           .with_native_timestamps(0)
           .window(WindowDefinition.tumbling(spec.WINDOW_MS))
           .group_by(lambda kv: kv[0])
           .aggregate(AggregateOperations.counting())
-          .write_to(Sinks.kafka(args.output, props, key_fn=lambda r: r.key,
+          .write_to(Sinks.kafka(args.output, sink_props, key_fn=lambda r: r.key,
                                 value_fn=lambda r: window_value(r.start, r.end, r.result),
                                 value_serializer="json")))
     first = spec.FirstRecord(args.report)
-    with Member() as member:
+    threads = int(os.environ.get("BENCH_JETWAKE_COOPERATIVE_THREADS", "0")) or None
+    with Member(cooperative_threads=threads) as member:
         job = member.new_job(p, JobConfig(processing_guarantee=args.guarantee,
                                           snapshot_interval_ms=args.snapshot_interval_ms))
 
@@ -172,7 +185,39 @@ def jetwake_job(args: argparse.Namespace) -> None:
         job.join()
 
 
+def _gc_stats(path: str) -> None:
+    """Writes the cyclic GC's collections per generation and the seconds they took to
+    ``path`` every half second."""
+    import gc
+    import threading
+
+    spent = [0.0, 0.0, 0.0]
+    count = [0, 0, 0]
+    started = [0.0]
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent[info["generation"]] += time.perf_counter() - started[0]
+            count[info["generation"]] += 1
+    gc.callbacks.append(callback)
+
+    def report() -> None:
+        while True:
+            time.sleep(0.5)
+            with open(path, "w") as f:
+                f.write(f"collections {count} seconds {[round(x, 3) for x in spent]} "
+                        f"objects {len(gc.get_objects())}\n")
+    threading.Thread(target=report, daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> None:
+    if os.environ.get("BENCH_GC_THRESHOLD"):  # "700,10,10" is CPython's default
+        import gc
+        gc.set_threshold(*map(int, os.environ["BENCH_GC_THRESHOLD"].split(",")))
+    if os.environ.get("BENCH_GC_STATS"):
+        _gc_stats(os.environ["BENCH_GC_STATS"])
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("system", choices=["raw", "jetwake"])
     ap.add_argument("workload", choices=["A", "B"])

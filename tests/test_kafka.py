@@ -154,6 +154,26 @@ def test_formats_projection_and_start(kafka_bootstrap, kafka_topic):
         assert values == list(range(low, low + expect)), (start, values[:5], len(values))
 
 
+def test_at_least_once_sink_writes_everything_through_a_full_producer_queue(kafka_bootstrap,
+                                                                           kafka_topic):
+    """A producer queue of 10 records refuses most of every chunk: the sink keeps the rest,
+    leaves its inbox waiting, and writes it all as room frees up (nothing here waits)."""
+    tin, tout = kafka_topic(partitions=2), kafka_topic()
+    produce(kafka_bootstrap, tin, 0, 3000)
+    props = {"bootstrap.servers": kafka_bootstrap}
+    pl = Pipeline()
+    pl.read_from(Sources.kafka(tin, props)).write_to(
+        Sinks.kafka(tout, {**props, "queue.buffering.max.messages": 10}))
+    with Member() as m:
+        job = m.new_job(pl, JobConfig(processing_guarantee="at_least_once",
+                                      snapshot_interval_ms=200))
+        got = read_all(kafka_bootstrap, tout, 3000)
+        records_out = sum(v.get("records_out", 0) for v in job.metrics().values())
+        job.cancel()
+    assert sorted(int(m.value()) for m in got) == list(range(3000))
+    assert records_out == 3000
+
+
 def test_restore_with_another_parallelism(kafka_bootstrap, kafka_topic, tmp_path):
     tin, tout = kafka_topic(partitions=5), kafka_topic(partitions=2)
     total = 8_000

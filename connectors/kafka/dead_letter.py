@@ -58,15 +58,26 @@ class DeadLetterWriter:
         self.count += 1
         self._producer.poll(0)
 
+    def acknowledged(self) -> bool:
+        """Whether every dead letter written so far is acknowledged, without waiting; raises
+        if one could not be written."""
+        left = self._producer.flush(0)
+        if self._errors:
+            self._raise(left)
+        return left == 0
+
+    def _raise(self, left: int) -> None:
+        errs, self._errors = self._errors, []
+        from jetwake.engine.core.errors import RestartableError
+        raise RestartableError(
+            f"writing to the dead-letter topic {self.topic!r} failed "
+            f"({left} not acknowledged): {errs[:3]}")
+
     def flush(self, timeout: float = 60.0) -> None:
         """Waits until every dead letter is acknowledged; raises if one could not be."""
         left = self._producer.flush(timeout)
         if self._errors or left:
-            errs, self._errors = self._errors, []
-            from jetwake.engine.core.errors import RestartableError
-            raise RestartableError(
-                f"writing to the dead-letter topic {self.topic!r} failed "
-                f"({left} not acknowledged): {errs[:3]}")
+            self._raise(left)
 
     def close(self) -> None:
         try:

@@ -18,9 +18,17 @@ SOURCE_OPTIONS = {
     "jetwake.startup.timeout.ms": 60_000,      # broker unreachable at start: fail after this
     "jetwake.partition.discovery.ms": 5_000,   # how often new partitions are looked for
     "jetwake.poll.batch": 2048,                # messages asked of one consume() call
-    "jetwake.poll.timeout.ms": 20,             # how long one consume() may wait
+    "jetwake.poll.timeout.ms": 20,             # accepted, no longer used: consume() never waits
     "jetwake.idle.timeout.ms": 30_000,         # a partition without records is idle after
     "jetwake.watermark.lag.ms": 0,             # per-partition watermarks (-1: none)
+}
+# librdkafka consumer settings the source uses unless the properties set them (measured with
+# bench/bench_kafka_peers.py; docs/performance.md has the figures)
+SOURCE_CONSUMER_DEFAULTS = {
+    # librdkafka waits this long before fetching again for a partition whose local queue was
+    # over its thresholds (default 1000 ms): the source then drains the queue and sits idle
+    # for the rest of the second. 10 ms keeps the queue fed without the busy re-checking of 0.
+    "fetch.queue.backoff.ms": 10,
 }
 SINK_OPTIONS = {
     "jetwake.startup.timeout.ms": 60_000,
@@ -104,6 +112,8 @@ def source_properties(properties: Any, where: str = "Sources.kafka()") -> tuple[
     props["enable.auto.offset.store"] = False
     props.setdefault("auto.offset.reset", "earliest")
     props.setdefault("enable.partition.eof", False)
+    for k, v in SOURCE_CONSUMER_DEFAULTS.items():
+        props.setdefault(k, v)
     return props, opts
 
 

@@ -17,11 +17,14 @@ properties, the record serialization and producing with backpressure.
 from __future__ import annotations
 
 import logging
+import time
+from operator import itemgetter
 from typing import Any, Callable
 
 from jetwake.engine.core.errors import JetwakeError, RestartableError
 from jetwake.engine.core.processor import Inbox, Processor, ProcessorContext
 from jetwake.connectors.kafka.properties import KafkaConfigError
+from jetwake.connectors.kafka.serde import serialize_all
 from jetwake.connectors.kafka.client_log import with_client_log
 
 __all__ = ["KafkaSinkProcessor", "KafkaRecordFormat", "KafkaSinkError", "transactional_id",
@@ -76,6 +79,11 @@ def _default_split(item: Any) -> tuple[Any, Any]:
     return None, item
 
 
+_first, _second = itemgetter(0), itemgetter(1)
+_TUPLE = {tuple}
+_TWO = {2}
+
+
 class KafkaRecordFormat:
     """What every Kafka sink processor of one ``Sinks.kafka`` needs: the topic, the checked
     properties and connector options, and how items become ``[key, value]`` records."""
@@ -97,16 +105,27 @@ class KafkaRecordFormat:
         return self.properties.get("bootstrap.servers") or self.properties.get(
             "metadata.broker.list")
 
-    def serialize(self, items: list) -> list:
-        """``[key bytes, value bytes]`` per item."""
-        ks, vs, kf, vf = self.ks, self.vs, self.key_fn, self.value_fn
+    def keys_and_values(self, items: list) -> tuple[list, list]:
+        """The serialized keys and values of ``items``. Without ``key_fn``/``value_fn`` a
+        chunk of plain ``(key, value)`` tuples is split with C-level maps; each serializer
+        runs over the whole chunk (:func:`~.serde.serialize_all`)."""
+        kf, vf = self.key_fn, self.value_fn
         if kf is None and vf is None:
-            return [[ks(k), vs(v)] for k, v in map(_default_split, items)]
-        if kf is None:
-            return [[None, vs(vf(x))] for x in items]
-        if vf is None:
-            return [[ks(kf(x)), vs(x)] for x in items]
-        return [[ks(kf(x)), vs(vf(x))] for x in items]
+            if set(map(type, items)) == _TUPLE and set(map(len, items)) == _TWO:
+                keys, values = list(map(_first, items)), list(map(_second, items))
+            else:  # not every item is a pair: those that are not are values without key
+                pairs = list(map(_default_split, items))
+                keys, values = list(map(_first, pairs)), list(map(_second, pairs))
+        else:
+            keys = [None] * len(items) if kf is None else list(map(kf, items))
+            values = items if vf is None else list(map(vf, items))
+        return serialize_all(self.ks, keys), serialize_all(self.vs, values)
+
+    def serialize(self, items: list) -> list:
+        """``[key bytes, value bytes]`` per item (the form the exactly-once sink keeps and
+        saves in snapshots)."""
+        keys, values = self.keys_and_values(items)
+        return list(map(list, zip(keys, values)))
 
     def producer_conf(self) -> dict:
         """The user's producer properties with the sink's batching defaults."""
@@ -122,6 +141,21 @@ class KafkaRecordFormat:
         return {k: v for k, v in self.properties.items()
                 if k in ("bootstrap.servers", "metadata.broker.list", "client.id")
                 or k.startswith(("security.", "sasl.", "ssl."))}
+
+    def produce_columns(self, producer: Any, keys: list, values: list, start: int = 0) -> int:
+        """Produces ``values[i]`` with ``keys[i]`` from ``start`` on (no pair built per record)
+        without waiting: returns the index of the first record the full producer queue refused,
+        ``len(values)`` when it took them all."""
+        produce, topic = producer.produce, self.topic
+        i = start
+        try:
+            for i in range(start, len(values)):
+                produce(topic, values[i], keys[i])
+        except BufferError:
+            producer.poll(0)
+            return i
+        producer.poll(0)
+        return len(values)
 
     def produce_all(self, producer: Any, records: list, topic: str | None = None) -> None:
         """Produces every record; waits for room when the producer's queue is full."""
@@ -140,15 +174,22 @@ class KafkaRecordFormat:
 
 
 class KafkaSinkProcessor(Processor):
-    """The at-least-once Kafka sink: an idempotent producer, flushed at every snapshot."""
+    """The at-least-once Kafka sink: an idempotent producer, flushed at every snapshot.
+
+    Cooperative: nothing here waits. What the producer's full queue refuses is kept (the
+    backlog) and the inbox waits until it is taken; a snapshot's phase 1 and the end of the
+    input ask ``flush(0)`` until every record is acknowledged, for at most
+    ``jetwake.commit.retry.timeout.ms``."""
 
     def __init__(self, fmt: KafkaRecordFormat) -> None:
         self.fmt = fmt
         self.producer: Any = None
         self._errors: list[str] = []
+        self._backlog: tuple[list, list, int] | None = None  # keys, values, next to produce
+        self._flush_deadline: float | None = None
 
     def is_cooperative(self) -> bool:
-        return False
+        return True
 
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
@@ -165,35 +206,56 @@ class KafkaSinkProcessor(Processor):
             self._errors.append(f"{err} (topic {msg.topic()}, partition {msg.partition()})")
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
-        records = self.fmt.serialize(inbox.drain())
-        self.context.metrics["records_out"] += len(records)
-        self.fmt.produce_all(self.producer, records)
+        if self._backlog is not None and not self._produce_backlog():
+            return  # the producer's queue is still full: the inbox waits
+        keys, values = self.fmt.keys_and_values(inbox.drain())
+        self.context.metrics["records_out"] += len(keys)
+        self._backlog = (keys, values, 0)
+        self._produce_backlog()
         if self._errors:
             self._fail_on_errors()
+
+    def _produce_backlog(self) -> bool:
+        """Produces what is left of the backlog; True when nothing is left."""
+        keys, values, start = self._backlog  # type: ignore[misc]
+        done = self.fmt.produce_columns(self.producer, keys, values, start)
+        self._backlog = None if done == len(values) else (keys, values, done)
+        return self._backlog is None
 
     def try_process(self) -> bool:
         self.producer.poll(0)
         if self._errors:
             self._fail_on_errors()
-        return True
+        return self._backlog is None or self._produce_backlog()
 
     def snapshot_commit_prepare(self) -> bool:
         # every record received before the barrier is acknowledged before the snapshot counts
-        self._flush()
-        return True
+        return self._acknowledged()
 
     def complete(self) -> bool:
-        self._flush()
-        return True
+        return self._acknowledged()
 
-    def _flush(self) -> None:
-        left = self.producer.flush(self.fmt.options["jetwake.commit.retry.timeout.ms"] / 1000)
+    def _acknowledged(self) -> bool:
+        """Whether every record received is produced and acknowledged, checked without
+        waiting; after ``jetwake.commit.retry.timeout.ms`` of asking, the job restarts from
+        its last snapshot."""
+        if self._backlog is not None:
+            self._produce_backlog()
+        left = self.producer.flush(0)
         if self._errors:
             self._fail_on_errors()
-        if left:
+        if self._backlog is None and not left:
+            self._flush_deadline = None
+            return True
+        now = time.monotonic()
+        if self._flush_deadline is None:
+            self._flush_deadline = now + self.fmt.options["jetwake.commit.retry.timeout.ms"] / 1000
+        elif now > self._flush_deadline:
+            self._flush_deadline = None
             raise RestartableError(
                 f"{self.fmt.where}: {left} record(s) not acknowledged by {self.fmt.servers} "
                 "in time; restarting from the last snapshot")
+        return False
 
     def _fail_on_errors(self) -> None:
         errs, self._errors = self._errors, []

@@ -12,21 +12,27 @@ job's snapshots.
   that group (phase 2), only so that Kafka tooling shows the lag.
 - Every ``jetwake.partition.discovery.ms`` the topics' metadata is read again; partitions
   added meanwhile are read from their beginning by their owner.
-- Records are consumed in batches (``consume(num_messages, timeout)``) and emitted as one
+- Records are consumed in batches (``consume(num_messages, timeout=0)``) and emitted as one
   chunk of ``(timestamp, item)`` pairs: the pipeline unwraps them unless
   ``with_native_timestamps`` uses the record timestamps as event time.
 - A record that cannot be deserialized (or projected) fails the job with its topic,
   partition and offset, or with ``on_error="dead_letter"`` is written to the dead-letter topic
   and counted (metric ``dead_letters``).
 
-The processor is non-cooperative: metadata reads, offset look-ups and retries while a broker
-is away are blocking calls, and ``consume`` with a short timeout releases the GIL while it
-waits; docs/performance.md compares it with a cooperative ``consume(timeout=0)`` loop.
+The processor is cooperative: it never waits. ``consume`` is called with a zero timeout (an
+empty result is "no progress", and the worker backs off); the blocking calls are kept off the
+worker: the cluster metadata and the start offsets are read in ``init()`` (which runs before
+the job's tasklets are handed to the workers), and the periodic partition discovery runs on a
+small thread of its own (:class:`MetadataPoller`). On a 2-core machine that made the Kafka
+pipelines of ``python -m bench kafka-peers`` faster than the same source on a thread of its
+own, whose GIL hand-offs to the workers cost more than its blocking ``consume`` saved
+(docs/performance.md has both figures).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from itertools import groupby
 from operator import itemgetter
@@ -35,11 +41,11 @@ from typing import Any, Callable, Sequence
 from jetwake.engine.core.errors import JetwakeError, RestartableError
 from jetwake.engine.core.stream_items import IDLE_MESSAGE, Watermark
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
-from jetwake.connectors.kafka.serde import KafkaRecord
+from jetwake.connectors.kafka.serde import KafkaRecord, deserialize_all
 from jetwake.connectors.kafka.client_log import with_client_log
 
 __all__ = ["KafkaSourceProcessor", "KafkaSourceError", "KafkaDeserializationError",
-           "PartitionWatermarks", "owner_of_partition"]
+           "PartitionWatermarks", "MetadataPoller", "owner_of_partition"]
 
 log = logging.getLogger("jetwake.kafka")
 
@@ -110,6 +116,39 @@ class PartitionWatermarks:
 _ts = itemgetter(1)
 
 
+class MetadataPoller:
+    """Reads the cluster metadata every ``interval`` seconds on a daemon thread of its own
+    and keeps the newest answer for the source to take. ``list_topics`` blocks for a network
+    round trip, and up to its timeout while a broker is away: a cooperative processor must not
+    wait for it."""
+
+    def __init__(self, consumer: Any, interval: float, name: str) -> None:
+        self._consumer = consumer
+        self._interval = interval
+        self._stopped = threading.Event()
+        self._latest: Any = None
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"jetwake-kafka-metadata-{name}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            try:
+                self._latest = self._consumer.list_topics(timeout=2.0)
+            except Exception as e:  # noqa: BLE001 - a broker away for a moment: next round
+                log.debug("partition discovery failed: %s", e)
+
+    def take(self) -> Any:
+        """The metadata read since the last call, or None."""
+        md, self._latest = self._latest, None
+        return md
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+
+
 class KafkaSourceProcessor(Processor):
     def __init__(self, topics: Sequence[str], properties: dict, options: dict,
                  key_deserializer: Callable | None, value_deserializer: Callable | None,
@@ -136,11 +175,13 @@ class KafkaSourceProcessor(Processor):
         self.snapshot_offsets: dict[int, list] = {}
         self.dead_letters: Any = None
         self.wm: PartitionWatermarks | None = None
-        self._next_discovery = 0.0
+        self._initial: dict[tuple[str, int], int] = {}  # start offsets found in init()
+        self._poller: MetadataPoller | None = None
+        self._dead_letter_deadline: float | None = None
         self._last_error_log = 0.0
 
     def is_cooperative(self) -> bool:
-        return False
+        return True
 
     # --- start -------------------------------------------------------------------------------
 
@@ -155,7 +196,6 @@ class KafkaSourceProcessor(Processor):
         props.setdefault("group.id", f"jetwake-{context.job_id}-{context.vertex_name}")
         self.consumer = Consumer(with_client_log(props))
         self.batch = self.options["jetwake.poll.batch"]
-        self.timeout = self.options["jetwake.poll.timeout.ms"] / 1000
         self.discovery = self.options["jetwake.partition.discovery.ms"] / 1000
         lag = self.options.get("jetwake.watermark.lag.ms", -1)
         if lag >= 0:
@@ -165,6 +205,11 @@ class KafkaSourceProcessor(Processor):
         md = self._metadata_with_retry()
         for t in self.topics:
             self.counts[t] = len(md.topics[t].partitions)
+        # the start offsets of the partitions this processor owns now, looked up here because
+        # init() may block and the first complete() may not; a restore replaces them
+        if self.start != "earliest":
+            self._initial = self._initial_offsets(
+                [(t, p) for t in self.topics for p in range(self.counts[t]) if self._owns(t, p)])
         if self.dead_letter_topic is not None:
             from jetwake.connectors.kafka.dead_letter import DeadLetterWriter
             self.dead_letters = DeadLetterWriter(self.dead_letter_topic, self.properties)
@@ -243,15 +288,20 @@ class KafkaSourceProcessor(Processor):
                 self.start_offsets[tp] = OFFSET_BEGINNING  # added after that snapshot
             else:
                 fresh.append(tp)
-        if fresh:
-            self.start_offsets.update(self._initial_offsets(fresh))
+        missing = [tp for tp in fresh if tp not in self._initial]
+        if missing:  # only partitions init() did not know of (earliest: no look-up at all)
+            self._initial.update(self._initial_offsets(missing))
+        for tp in fresh:
+            self.start_offsets[tp] = self._initial[tp]
         assignment = [TopicPartition(t, p, self.start_offsets[(t, p)]) for t, p in self.owned]
         if assignment:
             self.consumer.assign(assignment)
         if self.wm is not None:
             for tp in self.owned:
                 self.wm.add_partition(tp, self.restored_tops.get(tp))
-        self._next_discovery = time.monotonic() + self.discovery
+        if self.discovery:
+            self._poller = MetadataPoller(self.consumer, self.discovery,
+                                          f"{self.context.vertex_name}#{self.index}")
         log.debug("%s#%d reads %s", self.context.vertex_name, self.index, self.owned)
 
     def _initial_offsets(self, tps: list) -> dict:
@@ -300,8 +350,10 @@ class KafkaSourceProcessor(Processor):
     def complete(self) -> bool:
         if not self.started:
             self._start()
-        if self.discovery and time.monotonic() >= self._next_discovery:
-            self._discover()
+        if self._poller is not None:
+            md = self._poller.take()
+            if md is not None:
+                self._discover(md)
         outbox = self.outbox
         if not outbox.has_room():
             return False
@@ -310,9 +362,8 @@ class KafkaSourceProcessor(Processor):
                 w = self.wm.poll(time.monotonic())
                 if w is not None:
                     outbox.offer_control(w)
-            time.sleep(self.timeout)
             return False
-        msgs = self.consumer.consume(self.batch, self.timeout)
+        msgs = self.consumer.consume(self.batch, 0)
         if msgs:
             self._emit(msgs)
         elif self.wm is not None:
@@ -328,20 +379,14 @@ class KafkaSourceProcessor(Processor):
             msgs = self._handle_errors(msgs)
             if not msgs:
                 return
-        kd, vd = self.kd, self.vd
         tss = list(map(_ts, map(Message.timestamp, msgs)))
         try:
             if self.projection is not None:
                 items = [self._project(m) for m in msgs]
-            elif kd is None and vd is None:
-                items = list(zip(map(Message.key, msgs), map(Message.value, msgs)))
-            elif kd is None:
-                items = list(zip(map(Message.key, msgs), map(vd, map(Message.value, msgs))))
-            elif vd is None:
-                items = list(zip(map(kd, map(Message.key, msgs)), map(Message.value, msgs)))
             else:
-                items = list(zip(map(kd, map(Message.key, msgs)),
-                                 map(vd, map(Message.value, msgs))))
+                # one C-level map per column for the built-in formats (serde.deserialize_all)
+                items = list(zip(deserialize_all(self.kd, list(map(Message.key, msgs))),
+                                 deserialize_all(self.vd, list(map(Message.value, msgs)))))
         except Exception:  # noqa: BLE001 - find the bad record(s), then fail or dead-letter
             items, tss = self._convert_one_by_one(msgs)
         self.context.metrics["records_in"] += len(items)
@@ -422,15 +467,10 @@ class KafkaSourceProcessor(Processor):
                             self.properties.get("bootstrap.servers"), err)
         return good
 
-    def _discover(self) -> None:
+    def _discover(self, md: Any) -> None:
+        """Starts reading the partitions that ``md`` (newer metadata) shows were added."""
         from confluent_kafka import TopicPartition
 
-        self._next_discovery = time.monotonic() + self.discovery
-        try:
-            md = self.consumer.list_topics(timeout=2.0)
-        except Exception as e:  # noqa: BLE001 - a broker away for a moment: try again later
-            log.debug("partition discovery failed: %s", e)
-            return
         added = []
         for t in self.topics:
             tmd = md.topics.get(t)
@@ -472,14 +512,30 @@ class KafkaSourceProcessor(Processor):
     def save_to_snapshot(self) -> bool:
         if not self.started:
             self._start()
-        if self.dead_letters is not None:
-            self.dead_letters.flush()  # a dead letter is durable before its offset is saved
+        if self.dead_letters is not None and not self._dead_letters_acknowledged():
+            return False  # a dead letter is durable before its offset is saved: called again
         offsets = self._positions()
         if self.commit_group and self.context.processing_guarantee != "none":
             self.snapshot_offsets[self.context.snapshot_id] = offsets
         return self.outbox.offer_to_snapshot(
             BroadcastKey(("kafka-source", self.index)),
             {"offsets": offsets, "counts": [[t, n] for t, n in self.counts.items()]})
+
+    def _dead_letters_acknowledged(self) -> bool:
+        """Whether the dead letters are acknowledged, checked without waiting; after 60 s of
+        asking, the job restarts from its last snapshot."""
+        if self.dead_letters.acknowledged():
+            self._dead_letter_deadline = None
+            return True
+        now = time.monotonic()
+        if self._dead_letter_deadline is None:
+            self._dead_letter_deadline = now + 60.0
+        elif now > self._dead_letter_deadline:
+            self._dead_letter_deadline = None
+            raise RestartableError(
+                f"Sources.kafka(): the dead-letter topic {self.dead_letter_topic!r} did not "
+                "acknowledge its records in 60 s; restarting from the last snapshot")
+        return False
 
     def snapshot_commit_finish(self, success: bool) -> bool:
         sid = self.context.snapshot_id
@@ -499,6 +555,9 @@ class KafkaSourceProcessor(Processor):
         return True
 
     def close(self) -> None:
+        if self._poller is not None:
+            self._poller.stop()
+            self._poller = None
         if self.dead_letters is not None:
             self.dead_letters.close()
         if self.consumer is not None:
