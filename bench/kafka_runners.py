@@ -12,7 +12,8 @@ The jetwake jobs use the connectors' and the member's defaults. To measure other
 (each was used for a figure in docs/performance.md): ``BENCH_JETWAKE_SOURCE_PROPS`` and
 ``BENCH_JETWAKE_SINK_PROPS`` (JSON objects) add connector properties,
 ``BENCH_JETWAKE_COOPERATIVE_THREADS`` sets the member's cooperative threads,
-``BENCH_GC_THRESHOLD`` ("700,10,10") sets the cyclic GC's thresholds in every runner, and
+``BENCH_GC_THRESHOLD`` sets the cyclic GC's thresholds in every runner ("701,10,10" for
+CPython's own behaviour: the engine raises exactly "700,10,10", its default), and
 ``BENCH_GC_STATS`` (a file) has a runner write its collections and the time they took.
 """
 
