@@ -169,6 +169,25 @@ def fill(bootstrap: str, admin: Any, n: int) -> Input:
                  spec.expected_window_results(n, base))
 
 
+def warm_up(bootstrap: str) -> None:
+    """Creates what the first exactly-once run would otherwise create while it is timed: the
+    broker's transaction log (a fresh broker makes it at the first ``init_transactions``, which
+    then takes seconds) and jetwake's markers topic."""
+    from confluent_kafka import Producer
+
+    from jetwake.connectors.kafka.properties import SINK_OPTIONS
+    from jetwake.connectors.kafka.sink_markers import KafkaMarkerTopic
+
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench-{uuid.uuid4()}"})
+    p.init_transactions(60)
+    p.begin_transaction()
+    p.commit_transaction(60)
+    markers = KafkaMarkerTopic(SINK_OPTIONS["jetwake.markers.topic"],
+                               {"bootstrap.servers": bootstrap}, 60.0, "bench")
+    markers.ensure()
+    markers.close()
+
+
 # --- the peers' virtual environments ----------------------------------------------------------
 
 def peer_python(system: str) -> tuple[str | None, str]:
@@ -228,7 +247,10 @@ def command(v: Variant, bootstrap: str, inp: Input, out: str, report: str,
               "--report", report]
     if v.system in ("raw", "jetwake"):
         cmd = [sys.executable, "-m", "bench.kafka_runners", v.system, v.workload, *common]
-        if v.system == "jetwake":
+        if v.system == "raw":
+            from jetwake.connectors.kafka.serde import JSON_LIBRARY
+            cmd += ["--json", JSON_LIBRARY]
+        else:
             cmd += ["--guarantee", v.guarantee.replace("-", "_")]
         return cmd
     python = peers[v.system]
@@ -510,6 +532,7 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         inp = fill(bootstrap, admin, args.records)
         print(f"   input {inp.topic} written in {time.perf_counter() - t0:.1f} s", flush=True)
+        warm_up(bootstrap)
         timeout = 120 + args.records / 2000
         results: dict[Variant, list[Result]] = {v: [] for v in variants}
         for run in range(args.runs):
@@ -525,6 +548,7 @@ def main(argv: list[str] | None = None) -> None:
         summarize(results, skipped, args.records, args.runs)
         print(f"   load average at the end {os.getloadavg()[0]:.2f}", flush=True)
     finally:
+        admin = None  # no client of this process outlives the broker (it would log its loss)
         if kl is not None:
             kl.stop_broker(port)
 

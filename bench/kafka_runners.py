@@ -46,11 +46,10 @@ RAW_BATCH = 1_000
 COMMIT_INTERVAL_S = 1.0
 
 
-def json_functions() -> tuple[Any, Any]:
-    """(loads, dumps -> bytes) of the JSON library jetwake's "json" serializers use."""
-    from jetwake.connectors.kafka import serde
-
-    lib = getattr(serde, "JSON_LIBRARY", "json")
+def json_functions(lib: str) -> tuple[Any, Any]:
+    """(loads, dumps -> bytes) of JSON library ``lib`` (the benchmark passes the one jetwake's
+    "json" serializers use; the raw loops do not import jetwake, whose import would count as
+    their start-up)."""
     if lib == "orjson":
         import orjson
         return orjson.loads, orjson.dumps
@@ -75,7 +74,7 @@ def _clients(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def raw_a(args: argparse.Namespace) -> None:
     """Kafka -> JSON map -> Kafka, at-least-once."""
-    loads, dumps = json_functions()
+    loads, dumps = json_functions(args.json)
     enrich = spec.enrich
     first = spec.FirstRecord(args.report)
     consumer, producer = _clients(args)
@@ -106,7 +105,7 @@ def raw_b(args: argparse.Namespace) -> None:
     end."""
     from confluent_kafka import Message
 
-    _loads, dumps = json_functions()
+    _loads, dumps = json_functions(args.json)
     first = spec.FirstRecord(args.report)
     consumer, producer = _clients(args)
     produce, poll, out = producer.produce, producer.poll, args.output
@@ -229,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--guarantee", default="at_least_once",
                     choices=["none", "at_least_once", "exactly_once"])
     ap.add_argument("--snapshot-interval-ms", type=int, default=1000)
+    ap.add_argument("--json", default="msgspec", choices=["json", "orjson", "msgspec"],
+                    help="the raw loops' JSON library")
     args = ap.parse_args(argv)
     if args.system == "raw":
         (raw_a if args.workload == "A" else raw_b)(args)
