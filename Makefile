@@ -5,14 +5,15 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-unit test-integration bench kafka-up kafka-down venv clean
+.PHONY: demo demo-backfill test test-unit test-integration bench kafka-up kafka-down venv clean \
+	browser
 
 # ---- Set-up -------------------------------------------------------------------------------
 # One stamp per set of extras: `make demo` installs the package alone, `make test` adds the
 # `test` extra (pytest, hypothesis, import-linter, ...), `make bench` the `bench` extra. A stamp
 # is redone when pyproject.toml changes, so `make test` after `make demo` installs the rest.
-# No command installs the `spark` extra (pyspark is nearly 500 MB and nothing here uses it
-# yet): `$(PY) -m pip install -e '.[spark]'` when you need it.
+# `make test` installs the `spark` extra too (pyspark, pyarrow): the suite runs the Spark
+# backfill on a real local Spark.
 BASE_STAMP := $(VENV)/.installed-base
 TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
@@ -35,7 +36,7 @@ $(BASE_STAMP): pyproject.toml | $(PY)
 	@touch $@
 
 $(TEST_STAMP): pyproject.toml | $(PY)
-	$(PIP_INSTALL) -e '.[test]'
+	$(PIP_INSTALL) -e '.[test,spark]'
 	@touch $@ $(BASE_STAMP)
 
 $(BENCH_STAMP): pyproject.toml | $(PY)
@@ -44,18 +45,40 @@ $(BENCH_STAMP): pyproject.toml | $(PY)
 
 venv: $(BASE_STAMP)
 
+# The dashboard's browser tests (tests/test_dashboard_browser.py) drive the operating system's
+# Chromium through its chromedriver. As root with apt, the packages are installed when missing
+# (nothing is done when they are there); otherwise, or if the install fails, those tests skip
+# and say why. Nothing else is downloaded: Selenium is given the chromedriver's path.
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium and chromium-driver (the dashboard's browser tests)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  { apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && \
+	      apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; }; } || \
+	  echo "could not install Chromium: the dashboard's browser tests will skip"; \
+	else \
+	  echo "no Chromium, and not root with apt: the dashboard's browser tests will skip"; \
+	fi
+
 # ---- Commands -----------------------------------------------------------------------------
 demo: $(BASE_STAMP)
 	$(PY) examples/word_count.py
 	$(PY) examples/streaming_windows.py
 
-test: $(TEST_STAMP)
+# the Spark backfill demo installs the `spark` extra (pyspark, pyarrow: large) on first use
+demo-backfill: $(BASE_STAMP)
+	$(PIP_INSTALL) -e '.[spark]'
+	$(PY) examples/backfill_word_count.py
+
+test: $(TEST_STAMP) browser
 	$(PY) -m pytest tests
 
 test-unit: $(TEST_STAMP)
 	$(PY) -m pytest tests -m "not integration"
 
-test-integration: $(TEST_STAMP)
+test-integration: $(TEST_STAMP) browser
 	$(PY) -m pytest tests -m integration
 
 bench: $(BENCH_STAMP)

@@ -19,6 +19,12 @@ from jetwake.connectors.noop_sink import NoopSinkProcessor
 __all__ = ["Sinks"]
 
 
+def _spec(sink: Sink, **spec: Any) -> Sink:
+    """``sink`` with what it writes as plain data (``Sink.spec``), for the Spark backfill."""
+    sink.spec = spec
+    return sink
+
+
 def _check_name(name: Any, where: str) -> str:
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"{where} needs a non-empty name, got {name!r}")
@@ -69,8 +75,9 @@ class Sinks:
         if (key_fn is None) != (value_fn is None):
             raise ValueError("Sinks.map(): pass both key_fn and value_fn, or neither")
         # routed by key, so the puts of one key keep their order (the last value wins)
-        return Sink(f"map-sink-{name}", ProcessorMetaSupplier.of(
-            lambda: MapSinkProcessor(name, key_fn, value_fn)), partition_key_fn=key_fn or _key)
+        return _spec(Sink(f"map-sink-{name}", ProcessorMetaSupplier.of(
+            lambda: MapSinkProcessor(name, key_fn, value_fn)), partition_key_fn=key_fn or _key),
+            kind="map", name=name, key_fn=key_fn, value_fn=value_fn, merge_fn=None)
 
     @staticmethod
     def map_with_merging(name: str, merge_fn: Callable[[Any, Any], Any],
@@ -87,9 +94,10 @@ class Sinks:
             raise ValueError("Sinks.map_with_merging(): pass both key_fn and value_fn, or "
                              "neither")
         # one writer per key, so a read-merge-write is never interleaved with another
-        return Sink(f"map-sink-{name}", ProcessorMetaSupplier.of(
+        return _spec(Sink(f"map-sink-{name}", ProcessorMetaSupplier.of(
             lambda: MapSinkProcessor(name, key_fn, value_fn, merge_fn)),
-            partition_key_fn=key_fn or _key)
+            partition_key_fn=key_fn or _key), kind="map", name=name, key_fn=key_fn,
+            value_fn=value_fn, merge_fn=merge_fn)
 
     @staticmethod
     def list(name: str) -> Sink:
@@ -104,26 +112,29 @@ class Sinks:
             if ctx.processing_guarantee == "exactly_once":
                 return lambda: ExactlyOnceListSinkProcessor(name)
             return lambda: ListSinkProcessor(name)
-        return Sink(f"list-sink-{name}", ProcessorMetaSupplier.of(_ByGuarantee(choose), 1))
+        return _spec(Sink(f"list-sink-{name}", ProcessorMetaSupplier.of(_ByGuarantee(choose), 1)),
+                     kind="list", name=name)
 
     @staticmethod
     def files(directory: str, encoding: str = "utf-8") -> Sink:
         """Writes ``str(item)`` lines, one file per processor, into ``directory``."""
         _check_name(directory, "Sinks.files()")
-        return Sink("file-sink", ProcessorMetaSupplier.of(
-            lambda: FileSinkProcessor(directory, encoding)))
+        return _spec(Sink("file-sink", ProcessorMetaSupplier.of(
+            lambda: FileSinkProcessor(directory, encoding))), kind="files",
+            directory=directory, encoding=encoding)
 
     @staticmethod
     def noop() -> Sink:
         """Discards every item."""
-        return Sink("noop-sink", ProcessorMetaSupplier.of(NoopSinkProcessor))
+        return _spec(Sink("noop-sink", ProcessorMetaSupplier.of(NoopSinkProcessor)), kind="noop")
 
     @staticmethod
     def logger(to_string: Callable[[Any], str] = str, level: int = logging.INFO) -> Sink:
         """Logs every item on the ``jetwake.sink.logger`` logger."""
         _check_fn(to_string, "Sinks.logger() to_string")
-        return Sink("logger-sink", ProcessorMetaSupplier.of(
-            lambda: LoggerSinkProcessor(to_string, level), 1))
+        return _spec(Sink("logger-sink", ProcessorMetaSupplier.of(
+            lambda: LoggerSinkProcessor(to_string, level), 1)), kind="logger",
+            to_string=to_string, level=level)
 
     @staticmethod
     def kafka(topic: str, properties: dict, *, key_fn: Callable[[Any], Any] | None = None,
@@ -169,4 +180,5 @@ class Sinks:
             if transactional and exactly_once is not False:
                 return lambda: KafkaExactlyOnceSinkProcessor(fmt)
             return lambda: KafkaSinkProcessor(fmt)
-        return Sink(f"kafka-sink-{topic}", ProcessorMetaSupplier.of(_ByGuarantee(choose)))
+        return _spec(Sink(f"kafka-sink-{topic}", ProcessorMetaSupplier.of(_ByGuarantee(choose))),
+                     kind="kafka", format=fmt, exactly_once=exactly_once)

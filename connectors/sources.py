@@ -11,8 +11,15 @@ from jetwake.engine.pipeline.connector import Source
 from jetwake.connectors.files import FileSourceProcessor
 from jetwake.connectors.items_source import ItemsSourceProcessor
 from jetwake.connectors.maps import MapJournalSourceProcessor, MapSourceProcessor
+from jetwake.connectors.record_files import RecordFileSourceProcessor
 
 __all__ = ["Sources"]
+
+
+def _spec(source: Source, **spec: Any) -> Source:
+    """``source`` with what it reads as plain data (``Source.spec``), for the Spark backfill."""
+    source.spec = spec
+    return source
 
 
 def _check_name(name: Any, where: str) -> str:
@@ -31,7 +38,8 @@ class Sources:
             raise TypeError(f"Sources.items() expects an iterable of items (a list, tuple, "
                             f"range...), got {type(items).__qualname__}")
         data = items if isinstance(items, Sequence) else list(items)
-        return Source("items", ProcessorMetaSupplier.of(lambda: ItemsSourceProcessor(data), 1))
+        return _spec(Source("items", ProcessorMetaSupplier.of(
+            lambda: ItemsSourceProcessor(data), 1)), kind="items", items=data)
 
     @staticmethod
     def files(pattern: str, encoding: str = "utf-8") -> Source:
@@ -43,15 +51,44 @@ class Sources:
         if not any(c in directory for c in "*?[") and not os.path.isdir(directory):
             raise FileNotFoundError(f"Sources.files({pattern!r}): directory {directory!r} "
                                     "does not exist")
-        return Source("files", ProcessorMetaSupplier.of(
-            lambda: FileSourceProcessor(pattern, encoding), 1))
+        return _spec(Source("files", ProcessorMetaSupplier.of(
+            lambda: FileSourceProcessor(pattern, encoding), 1)), kind="files", pattern=pattern,
+            encoding=encoding)
+
+    @staticmethod
+    def parquet(path: str) -> Source:
+        """The rows of a Parquet file, of a directory of them, or of the files a glob matches,
+        as dicts (column -> value), file after file in path order (a batch)."""
+        return Sources._record_files(path, "parquet", "Sources.parquet()",
+                                     "a Parquet file, a directory or a glob such as "
+                                     "'data/*.parquet'")
+
+    @staticmethod
+    def json_lines(pattern: str) -> Source:
+        """The JSON values of the lines of every file matching the glob ``pattern``, file
+        after file in path order; blank lines are skipped (a batch)."""
+        return Sources._record_files(pattern, "json_lines", "Sources.json_lines()",
+                                     "a glob such as 'data/*.jsonl'")
+
+    @staticmethod
+    def _record_files(pattern: str, kind: str, where: str, what: str) -> Source:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"{where} needs {what}, got {pattern!r}")
+        directory = pattern if kind == "parquet" and os.path.isdir(pattern) \
+            else os.path.dirname(pattern) or "."
+        if not any(c in directory for c in "*?[") and not os.path.isdir(directory):
+            raise FileNotFoundError(f"{where}: directory {directory!r} of {pattern!r} does "
+                                    "not exist")
+        return _spec(Source(kind.replace("_", "-"), ProcessorMetaSupplier.of(
+            lambda: RecordFileSourceProcessor(pattern, kind), 1)), kind=kind, pattern=pattern)
 
     @staticmethod
     def map(name: str) -> Source:
         """The entries of a member's named map as (key, value) tuples (a batch)."""
         _check_name(name, "Sources.map()")
-        return Source(f"map-source-{name}",
-                      ProcessorMetaSupplier.of(lambda: MapSourceProcessor(name)))
+        return _spec(Source(f"map-source-{name}",
+                            ProcessorMetaSupplier.of(lambda: MapSourceProcessor(name))),
+                     kind="map", name=name)
 
     @staticmethod
     def map_journal(name: str, start: str = "oldest", on_overrun: str = "fail") -> Source:
@@ -132,7 +169,10 @@ class Sources:
             return KafkaSourceProcessor(topic_list, props, opts, kd, vd, start, projection,
                                         on_error, dlq)
 
-        return Source(f"kafka-source-{'-'.join(topic_list)}"[:120],
-                      ProcessorMetaSupplier.of(make), is_stream=True,
-                      timestamp_fn=native_pair_timestamp,
-                      emits_watermarks=opts["jetwake.watermark.lag.ms"] >= 0)
+        return _spec(Source(f"kafka-source-{'-'.join(topic_list)}"[:120],
+                            ProcessorMetaSupplier.of(make), is_stream=True,
+                            timestamp_fn=native_pair_timestamp,
+                            emits_watermarks=opts["jetwake.watermark.lag.ms"] >= 0),
+                     kind="kafka", topics=topic_list, properties=props, options=opts,
+                     key_deserializer=kd, value_deserializer=vd, start=start,
+                     projection=projection, on_error=on_error, dead_letter_topic=dlq)

@@ -27,6 +27,11 @@ def build_pipeline(lines: list[str]) -> Pipeline:
     return p
 
 
+def pipeline(args: list[str]) -> Pipeline:
+    """What `jetwake submit examples/word_count.py` submits."""
+    return build_pipeline(TEXT.splitlines())
+
+
 def main() -> None:
     lines = TEXT.splitlines()
     with Member() as member:

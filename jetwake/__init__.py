@@ -7,6 +7,7 @@ The public API; the implementation lives in ``jetwake.engine``, ``jetwake.snapsh
 from jetwake.connectors.sinks import Sinks
 from jetwake.connectors.sources import Sources
 from jetwake.connectors.generated_sources import TestSources
+from jetwake.connectors.spark import SparkRunner
 from jetwake.engine.server.client import (
     AuthenticationError, Client, MemberUnreachableError, RemoteJob, RemoteList, RemoteMap,
 )
@@ -20,7 +21,7 @@ from jetwake.engine.core.stream_items import Watermark
 from jetwake.engine.jobs.job import Job
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
-from jetwake.engine.jobs.member import Member
+from jetwake.engine.server.serving_member import Member
 from jetwake.engine.core.meta_supplier import ProcessorMetaSupplier, ProcessorSupplier
 from jetwake.engine.operations.aggregate import AggregateOperation, AggregateOperations
 from jetwake.engine.pipeline.connector import Sink, Source
@@ -48,4 +49,5 @@ __all__ = [
     "WindowedStage", "WindowedGroupedStage", "WatermarkPolicy", "TimestampError",
     "Client", "RemoteJob", "RemoteMap", "RemoteList", "MemberUnreachableError",
     "AuthenticationError", "SnapshotError", "RestartableError", "FallbackRefusedError",
+    "SparkRunner",
 ]

@@ -39,7 +39,9 @@ Substitutions: the documented addresses become the test's own
     ``KAFKA_BOOTSTRAP_SERVERS`` or a broker the session starts); such cases are marked
     ``integration`` and ``kafka``. ``127.0.0.1:5701`` -> a free port for the case's member:
     ``jetwake member start`` without ``--port`` gets ``--port`` with it, and
-    ``JETWAKE_ADDRESS`` points the CLI at it. ``--metrics-port 9090`` -> another free port.
+    ``JETWAKE_ADDRESS`` points the CLI at it. The further members of a documented cluster,
+    ``5702`` to ``5709`` (in ``127.0.0.1:PORT`` and ``--port PORT``), get free ports too. ``--metrics-port 9090`` -> another free port, and ``127.0.0.1:9090`` (the
+    dashboard's and metrics' address in a URL) -> the same port.
     Cases with shell blocks start processes and are marked ``integration``.
 """
 from __future__ import annotations
@@ -271,6 +273,13 @@ class Session:
     replies: int | None = None
     python_log: Path | None = None
     commands_run: int = 0
+    extra_ports: dict[int, int] = field(default_factory=dict)
+
+    def port_for(self, documented: int) -> int:
+        """The free port that stands for a documented member port other than 5701."""
+        if documented not in self.extra_ports:
+            self.extra_ports[documented] = _free_port()
+        return self.extra_ports[documented]
 
     # -- Python ---------------------------------------------------------------------------
 
@@ -430,7 +439,12 @@ def _substitute(code: str, session: Session, kafka: str | None) -> str:
     if kafka is not None:
         for address in _KAFKA_ADDRESSES:
             code = code.replace(address, kafka)
-    return code.replace(_MEMBER_ADDRESS, f"127.0.0.1:{session.member_port}")
+    code = code.replace(_MEMBER_ADDRESS, f"127.0.0.1:{session.member_port}")
+    code = code.replace("127.0.0.1:9090", f"127.0.0.1:{session.metrics_port}")
+    code = re.sub(r"--port 5701\b", f"--port {session.member_port}", code)
+    # the further members of a documented cluster: 5702, 5703, ... each get a free port
+    return re.sub(r"(127\.0\.0\.1:|--port )(570[2-9])\b",
+                  lambda m: m.group(1) + str(session.port_for(int(m.group(2)))), code)
 
 
 def _environment(workdir: Path, member_port: int) -> dict[str, str]:

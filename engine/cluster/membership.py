@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from jetwake.connectors.kafka.client_log import with_client_log
+from jetwake.engine.cluster.cluster_topics import create_topic, replication_for
 from jetwake.engine.core.errors import JetwakeError
 
 __all__ = ["KafkaMembership", "MemberInfo", "CoordinatorFence", "FencedError",
@@ -100,6 +101,10 @@ class KafkaMembership:
         self._lock = threading.Lock()
         self._admin_client: AdminClient | None = None
         self.error: BaseException | None = None
+        self.joined_ms = int(time.time() * 1000)
+        self._unreachable_since: float | None = None
+        self._was_lost = False
+        self._rejoin_on_lost = False
 
     @property
     def is_coordinator(self) -> bool:
@@ -124,32 +129,13 @@ class KafkaMembership:
                                    f"{len(md.topics[topic].partitions)} partitions; it must have "
                                    "exactly one (delete it, and jetwake creates it again)")
             return
-        replication = min(3, len(md.brokers))
-        futures = admin.create_topics([NewTopic(topic, 1, replication)])
-        try:
-            futures[topic].result(timeout)
-        except KafkaException as e:
-            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
+        create_topic(admin, topic, 1, replication_for(len(md.brokers)), timeout=timeout)
 
     def start(self, timeout: float = 30.0) -> None:
         """Joins the cluster's group; returns once the group has given this member its
         assignment (coordinator or not)."""
         self.ensure_control_topic(timeout)
-        conf = {
-            "bootstrap.servers": self.bootstrap_servers,
-            "group.id": group_id(self.cluster),
-            "client.id": f"{_CLIENT_PREFIX}{self.member_id}/{self.address}",
-            "session.timeout.ms": self.session_timeout_ms,
-            "heartbeat.interval.ms": max(100, self.session_timeout_ms // 6),
-            "enable.auto.commit": False,
-            "auto.offset.reset": "latest",
-            # the eager protocol moves partition 0 as a whole: never two holders at once
-            "partition.assignment.strategy": "range",
-        }
-        self._consumer = Consumer(with_client_log(conf))
-        self._consumer.subscribe([control_topic(self.cluster)], on_assign=self._assigned,
-                                 on_revoke=self._revoked, on_lost=self._revoked)
+        self._subscribe()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"jetwake-membership-{self.member_id}")
         self._thread.start()
@@ -159,24 +145,105 @@ class KafkaMembership:
                                f"'{self.cluster}' through Kafka at {self.bootstrap_servers} "
                                f"within {timeout:.0f} s")
 
+    def _subscribe(self) -> None:
+        self.joined_ms = int(time.time() * 1000)  # the age that orders the members
+        conf = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": group_id(self.cluster),
+            # the group's members are ordered by member id, which Kafka makes from the client
+            # id: the join time first makes the oldest member the holder of partition 0, so
+            # the coordinator stays put when members join (as in Jet, the oldest member
+            # coordinates) and moves only when it leaves
+            "client.id": f"{_CLIENT_PREFIX}{self.joined_ms:013d}/{self.member_id}/"
+                         f"{self.address}",
+            "session.timeout.ms": self.session_timeout_ms,
+            "heartbeat.interval.ms": max(100, self.session_timeout_ms // 6),
+            "enable.auto.commit": False,
+            "auto.offset.reset": "latest",
+            # the eager protocol moves partition 0 as a whole: never two holders at once
+            "partition.assignment.strategy": "range",
+            "error_cb": self._client_error,
+        }
+        self._consumer = Consumer(with_client_log(conf))
+        self._consumer.subscribe([control_topic(self.cluster)], on_assign=self._assigned,
+                                 on_revoke=self._revoked, on_lost=self._lost)
+
     def _run(self) -> None:
-        consumer = self._consumer
-        assert consumer is not None
+        last = time.monotonic()
         while not self._stopping.is_set():
+            consumer = self._consumer
+            if consumer is None:
+                return
             try:
                 consumer.consume(16, timeout=0.2)  # the poll that keeps the member in the group
             except Exception as e:  # noqa: BLE001 - reported through .error and the log
                 self.error = e
                 log.error("cluster membership of %s failed: %r", self.member_id, e)
                 time.sleep(0.5)
+            now = time.monotonic()
+            expelled = self._was_lost and self._rejoin_on_lost
+            if (now - last > self.session_timeout_ms / 1000 or expelled) \
+                    and not self._stopping.is_set():
+                self._rejoin_on_lost = False
+                self._rejoin("Kafka expelled it" if expelled else
+                             f"it was silent for {now - last:.1f} s, longer than the session "
+                             "timeout")
+                now = time.monotonic()
+            last = now
+
+    def _rejoin(self, why: str) -> None:
+        """The group has expelled this member (its process was paused or starved, or Kafka
+        did not hear from it) and may have a new coordinator. It joins again as the youngest
+        member, so it never takes the coordinator's place back by age."""
+        log.warning("member %s left cluster '%s' (%s) and joins again as a new member",
+                    self.member_id, self.cluster, why)
+        self._set_coordinator(False)
+        old, self._consumer = self._consumer, None
+        try:
+            if old is not None:
+                old.close()
+        except Exception:  # noqa: BLE001 - a fresh consumer replaces it regardless
+            log.debug("closing the expelled membership consumer failed", exc_info=True)
+        self._subscribe()
 
     def _assigned(self, consumer: Any, partitions: list) -> None:
+        since, self._unreachable_since = self._unreachable_since, None
+        if since is not None or self._was_lost:
+            log.info("member %s reaches Kafka again and is back in cluster '%s'%s",
+                     self.member_id, self.cluster,
+                     f" after {time.monotonic() - since:.0f} s" if since is not None else "")
+        self._was_lost = False
         self._set_coordinator(any(p.partition == 0 for p in partitions))
         self._joined.set()
 
     def _revoked(self, consumer: Any, partitions: list) -> None:
-        if any(p.partition == 0 for p in partitions):
-            self._set_coordinator(False)
+        """A rebalance takes every partition back before it hands them out again (the eager
+        protocol): whether this member still coordinates is decided by the assignment that
+        follows, so nothing changes here (a member that really lost partition 0 hears it
+        then, and its writes were fenced by its successor anyway)."""
+
+    def _client_error(self, error: Any) -> None:
+        """librdkafka's errors about the connection to Kafka: said once per episode, in
+        jetwake's words (librdkafka itself keeps retrying)."""
+        if error.code() not in _UNREACHABLE or self._unreachable_since is not None:
+            return
+        self._unreachable_since = time.monotonic()
+        log.warning("member %s cannot reach Kafka at %s (%s); it keeps trying. Until Kafka "
+                    "answers, the cluster cannot change its members or commit snapshots",
+                    self.member_id, self.bootstrap_servers, error.str())
+
+    def _lost(self, consumer: Any, partitions: list) -> None:
+        """The group expelled this member (its session expired): it coordinates no more.
+        (A pause is also caught by :meth:`_run`, which makes the member join again as the
+        youngest.)"""
+        self._was_lost = True
+        # joining again with the same client id would make it the oldest again: it joins
+        # as a new member (from the membership loop, not inside the client's callback)
+        self._rejoin_on_lost = True
+        log.warning("member %s lost its place in cluster '%s': Kafka did not hear from it "
+                    "within the session timeout (%d ms); it joins again when Kafka answers",
+                    self.member_id, self.cluster, self.session_timeout_ms)
+        self._set_coordinator(False)
 
     def _set_coordinator(self, value: bool) -> None:
         with self._lock:
@@ -197,7 +264,8 @@ class KafkaMembership:
         for m in desc.members:
             if not m.client_id.startswith(_CLIENT_PREFIX):
                 continue
-            member_id, _, address = m.client_id[len(_CLIENT_PREFIX):].partition("/")
+            _joined, _, rest = m.client_id[len(_CLIENT_PREFIX):].partition("/")
+            member_id, _, address = rest.partition("/")
             parts = m.assignment.topic_partitions if m.assignment else []
             out.append(MemberInfo(member_id, address, any(tp.partition == 0 for tp in parts)))
         return sorted(out, key=lambda i: (not i.is_coordinator, i.id))
@@ -215,6 +283,11 @@ class KafkaMembership:
                 log.debug("closing the membership consumer failed", exc_info=True)
             self._consumer = None
         self._set_coordinator(False)
+
+
+# librdkafka errors that mean Kafka cannot be reached (it retries them itself)
+_UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+                KafkaError._RESOLVE, KafkaError._MSG_TIMED_OUT}
 
 
 class CoordinatorFence:

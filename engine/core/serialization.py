@@ -9,6 +9,7 @@ the same value (the partition hash depends on it) and decoding never runs arbitr
 from __future__ import annotations
 
 import datetime as _dt
+import threading
 from typing import Any, Callable
 
 import msgpack
@@ -58,15 +59,21 @@ def register_type(type_id: int, cls: type, to_fn: Callable[[Any], Any],
     _registered_by_cls[cls] = type_id
 
 
+# an ExtType built without its constructor's Python-level argument checks (about a third of the
+# cost of a small tuple): the code and the bytes passed here are always valid
+_new_ext = tuple.__new__
+_ExtType = msgpack.ExtType
+
+
 def _default(obj: Any) -> Any:
     # strict_types=True sends subclasses and tuples here, so that a tuple stays a tuple;
     # registered classes first, since a NamedTuple is a tuple too
     type_id = _registered_by_cls.get(type(obj))
     if type_id is not None:
         _, to_fn, _ = _registered_by_id[type_id]
-        return msgpack.ExtType(_EXT_REGISTERED, _pack([type_id, to_fn(obj)]))
+        return _new_ext(_ExtType, (_EXT_REGISTERED, _pack([type_id, to_fn(obj)])))
     if isinstance(obj, tuple):
-        return msgpack.ExtType(_EXT_TUPLE, _pack(list(obj)))
+        return _new_ext(_ExtType, (_EXT_TUPLE, _pack(list(obj))))
     if isinstance(obj, bool):
         return bool(obj)
     if isinstance(obj, int):
@@ -133,8 +140,29 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
+_POOLED_RESULT_MAX = 1 << 20
+"""A packer that produced more than this many bytes is dropped rather than kept: its buffer
+has grown to that size and would stay allocated."""
+
+_packers = threading.local()
+
+
 def _pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True)
+    # ``msgpack.packb`` makes a Packer, with a 256 KiB buffer, per call: for a small value that
+    # allocation is most of the cost, and a tuple (one nested pack, see _default) made two at
+    # once, which the allocator served with mmap and page faults (about 13 µs for ("k", 1)).
+    # So each thread keeps its packers: a pack takes a free one (a nested pack, in _default
+    # while the outer one is packing, takes another) and gives it back when done.
+    try:
+        free = _packers.free
+    except AttributeError:
+        free = _packers.free = []
+    packer = free.pop() if free else msgpack.Packer(default=_default, strict_types=True,
+                                                    use_bin_type=True)
+    data = packer.pack(obj)  # a packer that raised is not given back: its state is unknown
+    if len(data) <= _POOLED_RESULT_MAX:
+        free.append(packer)
+    return data
 
 
 def _unpack(data: bytes) -> Any:

@@ -4,12 +4,19 @@ Every vertex runs ``local_parallelism`` processors on each member; processor ``i
 ``m`` has the global index ``m * local_parallelism + i``. Each edge becomes one queue per pair of
 connected processors (Jet's conveyors), and a partitioned edge routes by the destination
 vertex's partition table.
+
+In a cluster (``member_count > 1``) a *distributed* edge also connects each processor with the
+processors of the other members: the plan asks ``PlanContext.remote`` for the sending end of
+each such pair (a queue-like object that ships entries over the network) and for the receiving
+end (a local queue the network fills). A downstream processor therefore sees one inbound queue
+per upstream processor of the whole cluster, so barrier alignment and the end of a stream work
+exactly as inside one member. Edges that are not distributed stay inside the member.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from jetwake.engine.core.dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
 from jetwake.engine.core.edge_transform import for_processor
@@ -24,7 +31,21 @@ from jetwake.engine.execution.outbound import OutboundEdgeStream
 from jetwake.engine.execution.tasklet import ProcessorTasklet
 from jetwake.engine.execution.watermark_coalescer import WatermarkCoalescer
 
-__all__ = ["PlanContext", "build_tasklets", "resolve_parallelism"]
+__all__ = ["PlanContext", "RemoteEdges", "build_tasklets", "resolve_parallelism",
+           "local_partition_table"]
+
+
+class RemoteEdges(Protocol):
+    """The ends of distributed edges that cross to another member (one per processor pair).
+
+    ``edge_index`` is the edge's position in ``DAG.edges``, the same on every member."""
+
+    def outbound(self, edge_index: int, src: int, dst: int, dst_member: int) -> Any:
+        """The sending end towards processor ``dst`` (global index) on ``dst_member``: has
+        ``offer(entry) -> bool`` like a :class:`ChunkQueue`."""
+
+    def inbound(self, edge_index: int, src: int, dst: int, src_member: int) -> ChunkQueue:
+        """The receiving end from processor ``src`` (global index) on ``src_member``."""
 
 
 @dataclass
@@ -41,6 +62,7 @@ class PlanContext:
     state_factory: Any = None
     state_backend: str = "memory"
     snapshot_interval_ms: int = 0
+    remote: RemoteEdges | None = None
 
 
 def resolve_parallelism(dag: DAG, default: int) -> dict[str, int]:
@@ -64,8 +86,11 @@ def build_tasklets(dag: DAG, ctx: PlanContext) -> list[ProcessorTasklet]:
                 f"{e}: an isolated edge needs equal parallelism on both ends, got "
                 f"{par[e.source.name]} and {par[e.destination.name]}; set the same "
                 "local_parallelism on both vertices")
+    if ctx.member_count > 1 and ctx.remote is None:
+        raise ValueError("a plan for several members needs PlanContext.remote")
     processors = {v.name: _create_processors(v, par[v.name], ctx) for v in dag}
-    queues = {id(e): _create_queues(e, par) for e in dag.edges}
+    wiring = [_EdgeWiring(i, e, par, ctx) for i, e in enumerate(dag.edges)]
+    by_edge = {id(w.edge): w for w in wiring}
     align = ctx.processing_guarantee == "exactly_once"
     tasklets = []
     for v in dag.topological_order():
@@ -73,7 +98,7 @@ def build_tasklets(dag: DAG, ctx: PlanContext) -> list[ProcessorTasklet]:
         outbound_edges = dag.outbound_edges(v)
         n = par[v.name]
         for i, proc in enumerate(processors[v.name]):
-            queue_lists = [_inbound_queues(e, i, par, queues[id(e)]) for e in inbound_edges]
+            queue_lists = [by_edge[id(e)].inbound_queues(i) for e in inbound_edges]
             coalescer = WatermarkCoalescer(sum(len(q) for q in queue_lists))
             inbound = []
             offset = 0
@@ -81,7 +106,7 @@ def build_tasklets(dag: DAG, ctx: PlanContext) -> list[ProcessorTasklet]:
                 inbound.append(InboundEdgeStream(e.dest_ordinal, e.edge_priority, qs, coalescer,
                                                  offset, align))
                 offset += len(qs)
-            outbound = [_outbound_stream(e, i, par, queues[id(e)]) for e in outbound_edges]
+            outbound = [by_edge[id(e)].outbound_stream(i) for e in outbound_edges]
             global_index = ctx.member_index * n + i
             pctx = ProcessorContext(
                 job_id=ctx.job_id, job_name=ctx.job_name, vertex_name=v.name,
@@ -96,6 +121,99 @@ def build_tasklets(dag: DAG, ctx: PlanContext) -> list[ProcessorTasklet]:
             tasklets.append(ProcessorTasklet(proc, pctx, inbound, outbound, coalescer,
                                              ctx.outbox_capacity, ctx.snapshot))
     return tasklets
+
+
+def local_partition_table(member_index: int, member_count: int,
+                          local_parallelism: int) -> tuple[int, ...]:
+    """Partition -> local processor index for an edge that stays inside a member.
+
+    A partition the member owns goes to the local processor that owns it in the cluster-wide
+    table, so that the processor holding a key's state is the one a restore gives it to; a
+    partition owned by another member (its items reached this member by a local edge) is spread
+    over the local processors. With one member this is the cluster-wide table."""
+    table = processor_partition_table(member_count, local_parallelism)
+    first = member_index * local_parallelism
+    return tuple(g - first if 0 <= g - first < local_parallelism else p % local_parallelism
+                 for p, g in enumerate(table))
+
+
+class _EdgeWiring:
+    """The queues of one edge on this member, between every pair of connected processors.
+
+    Local processors have local indices; a distributed edge in a cluster addresses the
+    processors of every member by global index (member ``m``'s processor ``i`` is
+    ``m * parallelism + i``)."""
+
+    def __init__(self, index: int, e: Edge, par: dict[str, int], ctx: PlanContext) -> None:
+        self.index = index
+        self.edge = e
+        self.pu, self.pd = par[e.source.name], par[e.destination.name]
+        self.ctx = ctx
+        self.cluster = e.is_distributed and ctx.member_count > 1 \
+            and e.routing is not RoutingPolicy.ISOLATED
+        name = f"{e.source.name}->{e.destination.name}"
+        self.name = name
+        if e.routing is RoutingPolicy.ISOLATED:
+            self.local = {(i, i): ChunkQueue(e.queue_size, f"{name}[{i}]")
+                          for i in range(self.pu)}
+        else:
+            self.local = {(u, d): ChunkQueue(e.queue_size, f"{name}[{u}->{d}]")
+                          for u in range(self.pu) for d in range(self.pd)}
+
+    def inbound_queues(self, d: int) -> list:
+        e = self.edge
+        if e.routing is RoutingPolicy.ISOLATED:
+            return [self.local[(d, d)]]
+        if not self.cluster:
+            return [self.local[(u, d)] for u in range(self.pu)]
+        m, pu = self.ctx.member_index, self.pu
+        dst = m * self.pd + d
+        out = []
+        for member in range(self.ctx.member_count):
+            for u in range(pu):
+                if member == m:
+                    out.append(self.local[(u, d)])
+                else:
+                    out.append(self.ctx.remote.inbound(  # type: ignore[union-attr]
+                        self.index, member * pu + u, dst, member))
+        return out
+
+    def outbound_stream(self, u: int) -> OutboundEdgeStream:
+        e = self.edge
+        transform = for_processor(e.transform)  # each processor its own instance (counters)
+        if e.routing is RoutingPolicy.ISOLATED:
+            return OutboundEdgeStream(e.source_ordinal, [self.local[(u, u)]], e.routing,
+                                      transform=transform)
+        pd = self.pd
+        m, count = self.ctx.member_index, self.ctx.member_count
+        if self.cluster:
+            src = m * self.pu + u
+            targets = []
+            for member in range(count):
+                for d in range(pd):
+                    if member == m:
+                        targets.append(self.local[(u, d)])
+                    else:
+                        targets.append(self.ctx.remote.outbound(  # type: ignore[union-attr]
+                            self.index, src, member * pd + d, member))
+            table: Any = processor_partition_table(count, pd)
+        else:
+            targets = [self.local[(u, d)] for d in range(pd)]
+            table = local_partition_table(m, count, pd)
+        if e.routing is RoutingPolicy.PARTITIONED:
+            return OutboundEdgeStream(e.source_ordinal, targets, e.routing, e.key_fn, table,
+                                      transform)
+        if e.routing is RoutingPolicy.ALL_TO_ONE:
+            # the one processor the whole cluster sends to: the owner of the vertex name's
+            # partition (on this member only, for an edge that stays local)
+            table = (table[partition_of(e.destination.name)],)
+            return OutboundEdgeStream(e.source_ordinal, targets, e.routing, None, table,
+                                      transform)
+        if e.routing is RoutingPolicy.UNICAST and self.cluster:
+            # a distributed unicast edge feeds every member's processors, local ones first
+            targets = targets[m * pd:(m + 1) * pd] + targets[:m * pd] + targets[(m + 1) * pd:]
+        return OutboundEdgeStream(e.source_ordinal, targets, e.routing, e.key_fn, None,
+                                  transform)
 
 
 def _create_processors(v: Vertex, count: int, ctx: PlanContext) -> list:
@@ -115,36 +233,3 @@ def _create_processors(v: Vertex, count: int, ctx: PlanContext) -> list:
         raise ValueError(f"vertex '{v.name}': its supplier returned {len(procs)} processors, "
                          f"expected {count}")
     return procs
-
-
-def _create_queues(e: Edge, par: dict[str, int]) -> dict[tuple[int, int], ChunkQueue]:
-    pu, pd = par[e.source.name], par[e.destination.name]
-    name = f"{e.source.name}->{e.destination.name}"
-    if e.routing is RoutingPolicy.ISOLATED:
-        return {(i, i): ChunkQueue(e.queue_size, f"{name}[{i}]") for i in range(pu)}
-    return {(u, d): ChunkQueue(e.queue_size, f"{name}[{u}->{d}]")
-            for u in range(pu) for d in range(pd)}
-
-
-def _inbound_queues(e: Edge, d: int, par: dict[str, int],
-                    queues: dict[tuple[int, int], ChunkQueue]) -> list[ChunkQueue]:
-    if e.routing is RoutingPolicy.ISOLATED:
-        return [queues[(d, d)]]
-    return [queues[(u, d)] for u in range(par[e.source.name])]
-
-
-def _outbound_stream(e: Edge, u: int, par: dict[str, int],
-                     queues: dict[tuple[int, int], ChunkQueue]) -> OutboundEdgeStream:
-    pd = par[e.destination.name]
-    if e.routing is RoutingPolicy.ISOLATED:
-        return OutboundEdgeStream(e.source_ordinal, [queues[(u, u)]], e.routing,
-                                  transform=for_processor(e.transform))
-    targets = [queues[(u, d)] for d in range(pd)]
-    table = None
-    if e.routing is RoutingPolicy.PARTITIONED:
-        table = processor_partition_table(1, pd)
-    elif e.routing is RoutingPolicy.ALL_TO_ONE:
-        table = (processor_partition_table(1, pd)[partition_of(e.destination.name)],)
-    # each processor applies its own instance of the edge's function (its own counters)
-    return OutboundEdgeStream(e.source_ordinal, targets, e.routing, e.key_fn, table,
-                              for_processor(e.transform))

@@ -24,6 +24,13 @@ class JobConfig:
     job with a transactional sink (``Sinks.kafka``, ``Sinks.list``) refuses to restore from an
     older one, because the damaged snapshot's phase 2 may already have committed output that
     the older one would write again. True accepts that (at-least-once for this restore).
+    ``split_brain_protection``: in a cluster, run only while a quorum of members is present
+    (more than half of the most members the job has run on), as in Jet: the job waits
+    (NOT_RUNNING) while fewer are there, so two halves of a split cluster never both run it.
+    ``auto_scaling``: in a cluster, a member that joins makes the job restart from a fresh
+    snapshot to use it (after the member's scale-up delay), and a member that leaves makes it
+    restart on the others; False: the job keeps its members, and losing one suspends a job
+    that takes snapshots (a job without restarts it).
     ``arguments``: free-form facts about the submission (the CLI records the file and its
     arguments), kept in the job record.
     """
@@ -37,6 +44,8 @@ class JobConfig:
     state_backend: str = "memory"
     state_cache_bytes: int = 64 * 2**20
     accept_at_least_once_on_fallback: bool = False
+    split_brain_protection: bool = False
+    auto_scaling: bool = True
     arguments: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -61,9 +70,20 @@ class JobConfig:
         if not isinstance(self.accept_at_least_once_on_fallback, bool):
             raise ValueError("JobConfig.accept_at_least_once_on_fallback must be True or False, "
                              f"got {self.accept_at_least_once_on_fallback!r}")
+        for flag in ("split_brain_protection", "auto_scaling"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"JobConfig.{flag} must be True or False, "
+                                 f"got {getattr(self, flag)!r}")
         if self.state_backend not in ("memory", "rocksdb"):
             raise ValueError("JobConfig.state_backend must be 'memory' or 'rocksdb', "
                              f"got {self.state_backend!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "JobConfig":
+        """A JobConfig from its fields as a job record or another member keeps them; fields
+        this version does not know (written by a newer one) are left out."""
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in values.items() if k in known})
 
     @property
     def snapshots_enabled(self) -> bool:

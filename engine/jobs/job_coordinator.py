@@ -29,6 +29,7 @@ from jetwake.snapshot.protocol.fault_injection import crash_point
 from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
+from jetwake.engine.jobs.snapshot_history import SnapshotHistory
 from jetwake.engine.pipeline.fusion import StageMetrics, fused_stage_metrics, fused_stage_of
 from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 from jetwake.snapshot.protocol.restore import restore_state
@@ -38,7 +39,7 @@ from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
 if TYPE_CHECKING:  # pragma: no cover
     from jetwake.engine.jobs.member import Member
 
-__all__ = ["JobCoordinator"]
+__all__ = ["JobCoordinator", "compile_definition", "state_factory"]
 
 log = logging.getLogger("jetwake.job")
 
@@ -53,6 +54,34 @@ _RETRY_LOG_EVERY_S = 60.0
 
 # why the current execution is being stopped
 _STOP_NONE, _STOP_CANCEL, _STOP_SUSPEND, _STOP_RESTART, _STOP_SHUTDOWN = range(5)
+
+
+def compile_definition(definition: Any, default_parallelism: int) -> DAG:
+    """The validated DAG of a job's definition (a Pipeline or a DAG); the same on every member
+    of a cluster, given the same default parallelism."""
+    from jetwake.engine.pipeline.pipeline import Pipeline
+    if isinstance(definition, Pipeline):
+        dag = definition.to_dag(default_parallelism)
+    elif isinstance(definition, DAG):
+        dag = definition
+    else:
+        raise TypeError(f"new_job() expects a Pipeline or a DAG, got "
+                        f"{type(definition).__qualname__}")
+    dag.validate()
+    return dag
+
+
+def state_factory(data_dir: str | None, job_id: str, config: JobConfig, execution_tag: str):
+    """Creates each processor's keyed state store for one execution, per
+    JobConfig.state_backend (RocksDB under ``<data_dir>/state/<job_id>/<execution_tag>``)."""
+    if config.state_backend != "rocksdb":
+        return in_memory_state_factory
+    root = os.path.join(data_dir, "state", job_id, execution_tag)  # type: ignore[arg-type]
+    cache = config.state_cache_bytes
+
+    def factory(vertex: str, index: int, name: str) -> RocksDBStateBackend:
+        return RocksDBStateBackend(os.path.join(root, vertex, str(index), name), cache)
+    return factory
 
 
 class JobCoordinator:
@@ -84,6 +113,7 @@ class JobCoordinator:
         self._accept_fallback_once = False
         self.snapshot_failures = 0  # snapshots that could not be written (metric)
         self.last_snapshot_error: str | None = None
+        self.snapshot_history = SnapshotHistory()  # the latest snapshots' outcomes
         # why the job record on disk is out of date (None: it is current)
         self.record_error: str | None = None
         self.restart_attempts = 0  # start attempts of the restart in progress
@@ -97,16 +127,7 @@ class JobCoordinator:
         self.dag: DAG = self._compile()
 
     def _compile(self) -> DAG:
-        from jetwake.engine.pipeline.pipeline import Pipeline
-        d = self.definition
-        if isinstance(d, Pipeline):
-            dag = d.to_dag(self._default_parallelism())
-        elif isinstance(d, DAG):
-            dag = d
-        else:
-            raise TypeError(f"new_job() expects a Pipeline or a DAG, got {type(d).__qualname__}")
-        dag.validate()
-        return dag
+        return compile_definition(self.definition, self._default_parallelism())
 
     def _default_parallelism(self) -> int:
         lp = self.config.local_parallelism
@@ -155,7 +176,7 @@ class JobCoordinator:
             rec = JobRecord(self.job_id, self.name, self._record_status().value,
                             dict(vars(self.config)), self.submission_time,
                             self.completion_time, self.failure_text,
-                            {"restart_count": self.restart_count})
+                            self.record_extra())
             try:
                 records.save(rec, definition)
             except OSError as e:
@@ -178,6 +199,14 @@ class JobCoordinator:
             log.info("job %s: the job record is written again (status %s)", self.name,
                      rec.status)
         return True
+
+    def record_extra(self) -> dict:
+        """What the job record keeps besides status and config (read back by
+        :meth:`restore_record_extra` when a member resumes the job)."""
+        return {"restart_count": self.restart_count}
+
+    def restore_record_extra(self, extra: dict) -> None:
+        self.restart_count = extra.get("restart_count", 0)
 
     def save_definition(self) -> None:
         """Writes the job's definition and record; raises when they cannot be written (the job
@@ -213,7 +242,7 @@ class JobCoordinator:
             self.save_definition()
         self._begin_start()
         try:
-            tasklets, snapshot, desc = self._start_tasklets(restore)
+            execution, snapshot, desc = self._prepare_execution(restore)
         except FallbackRefusedError as e:
             # the user can act on it: resume, accepting duplicates
             self.error = e
@@ -226,9 +255,6 @@ class JobCoordinator:
             raise
         finally:
             self._accept_fallback_once = False
-        execution = Execution(self.name, tasklets, self._on_execution_end, snapshot)
-        if snapshot is not None:
-            snapshot.attach(tasklets)
         with self._lock:
             # a cancel or a member shutdown may have come while the processors were built
             reason = self._stop_reason
@@ -244,7 +270,7 @@ class JobCoordinator:
                 self.status = JobStatus.RUNNING
                 self._state_changed.notify_all()
         if reason != _STOP_NONE:
-            self._close_all(tasklets)
+            self._discard(execution)
             self._remove_state_dirs()
             if reason == _STOP_CANCEL:
                 self._finish_cancelled()
@@ -252,9 +278,10 @@ class JobCoordinator:
             self._set_status(JobStatus.NOT_RUNNING)
             raise JobStateError(f"job '{self.name}' did not start: the member is shutting down")
         self._publish_status(JobStatus.RUNNING)
-        log.info("job %s (%s) started: %d processors%s", self.name, self.job_id, len(tasklets),
+        log.info("job %s (%s) started: %s%s", self.name, self.job_id,
+                 self._execution_description(execution),
                  f", restored from {desc}" if desc else "")
-        self.member.execution_service.submit(execution)
+        self._launch(execution)
         if snapshot is not None:
             self._snapshotter = threading.Thread(
                 target=self._snapshot_loop, args=(execution,), daemon=True,
@@ -307,6 +334,30 @@ class JobCoordinator:
         self.failure_text = text
         self._retry_failure = False
         self._finish(JobStatus.FAILED, error)
+
+    # --- how an execution is made and run: a job of a cluster overrides these ----------------
+
+    def _prepare_execution(self, restore: str) -> tuple[Any, Any, str]:
+        """Builds, initializes and restores an execution; returns it, the coordinator's side
+        of its snapshots (None without snapshots) and what it was restored from."""
+        tasklets, snapshot, desc = self._start_tasklets(restore)
+        execution = Execution(self.name, tasklets, self._on_execution_end, snapshot)
+        if snapshot is not None:
+            snapshot.attach(tasklets)
+        return execution, snapshot, desc
+
+    def _discard(self, execution: Any) -> None:
+        """Drops an execution that was prepared but never launched."""
+        self._close_all(execution.tasklets)
+
+    def _launch(self, execution: Any) -> None:
+        self.member.execution_service.submit(execution)
+
+    def _execution_description(self, execution: Any) -> str:
+        return f"{len(execution.tasklets)} processors"
+
+    def _new_snapshot_writer(self, snapshot_id: int, terminal: bool) -> Any:
+        return self.store.writer(self.job_id, self.name, snapshot_id, terminal)
 
     def _start_tasklets(self, restore: str) -> tuple[list, SnapshotContext | None, str]:
         """Builds and initializes the processors and restores the newest good snapshot into
@@ -429,15 +480,8 @@ class JobCoordinator:
 
     def _state_factory(self):
         """Creates each processor's keyed state store, per JobConfig.state_backend."""
-        if self.config.state_backend != "rocksdb":
-            return in_memory_state_factory
-        root = os.path.join(self.member.data_dir, "state", self.job_id,  # type: ignore[arg-type]
-                            f"execution-{self.restart_count}-{time.monotonic_ns()}")
-        cache = self.config.state_cache_bytes
-
-        def factory(vertex: str, index: int, name: str) -> RocksDBStateBackend:
-            return RocksDBStateBackend(os.path.join(root, vertex, str(index), name), cache)
-        return factory
+        return state_factory(self.member.data_dir, self.job_id, self.config,
+                             f"execution-{self.restart_count}-{time.monotonic_ns()}")
 
     def _remove_state_dirs(self) -> None:
         """Removes the job's RocksDB working state (``<data_dir>/state/<job_id>``). Called when
@@ -656,9 +700,10 @@ class JobCoordinator:
         everywhere in time: the job must restart from its last committed snapshot (a committed
         snapshot whose phase 2 did not finish is completed by the restore). A snapshot that
         committed while the execution was being stopped is returned: the next execution
-        restores it and completes its phase 2.
+        restores it and completes its phase 2. Each attempt's outcome (the step it reached,
+        the failure cause) goes to ``snapshot_history``.
         """
-        with self._snapshot_lock:
+        with self._snapshot_lock, self.snapshot_history.attempt(terminal) as attempt:
             with self._lock:
                 execution, snap = self._execution, self._snapshot
                 if execution is None or snap is None or execution.finished.is_set():
@@ -670,11 +715,14 @@ class JobCoordinator:
                 sid = self.store.next_snapshot_id(self.job_id)
             except OSError as e:
                 raise self._snapshot_write_failed(None, e) from e
-            writer = self.store.writer(self.job_id, self.name, sid, terminal)
+            attempt.reached("started", id=sid)
+            writer = self._new_snapshot_writer(sid, terminal)
             # 2.
             snap.request(sid, writer, terminal)
             crash_point("snapshot-phase1")
             phase1_ok = snap.wait_phase1(sid, PHASE_TIMEOUT_S, cancelled)
+            if phase1_ok:
+                attempt.reached("phase 1")
             # 3.
             rec = write_error = None
             if phase1_ok:
@@ -688,11 +736,15 @@ class JobCoordinator:
             if rec is None:
                 writer.abort()
             else:
+                attempt.reached("committed", size_bytes=rec.size_bytes,
+                                entries=rec.entry_count, duration_ms=rec.duration_ms)
                 crash_point("after-commit-record")
             # 4.
             snap.start_phase2(sid, rec is not None)
             phase2_ok = snap.wait_phase2(sid, PHASE_TIMEOUT_S, cancelled)
             if rec is not None:
+                if phase2_ok:
+                    attempt.reached("phase 2")
                 crash_point("after-phase2")
             if write_error is not None:
                 if execution.finished.is_set() or execution.cancelled:
@@ -713,6 +765,7 @@ class JobCoordinator:
                     f"complete within {PHASE_TIMEOUT_S:.0f} s; restarting from it completes it")
             # 5.
             self.store.prune(self.job_id)
+            attempt.reached("done")
             self.member.emit_event(
                 self, f"snapshot {sid} taken in {rec.duration_ms:.0f} ms, "
                       f"{rec.entry_count} entries, {rec.size_bytes} bytes")

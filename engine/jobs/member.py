@@ -65,9 +65,7 @@ class Member:
     def __init__(self, data_dir: str | os.PathLike | None = None, *,
                  cooperative_threads: int | None = None, local_parallelism: int | None = None,
                  journal_capacity: int = 1_000_000) -> None:
-        from jetwake.engine.jobs.job_records import JobRecordStore
         from jetwake.engine.data.named_maps import MapStore
-        from jetwake.snapshot.store.snapshot_store import SnapshotStore
 
         cpus = os.cpu_count() or 1
         threads = cooperative_threads if cooperative_threads is not None else min(2, cpus)
@@ -104,14 +102,22 @@ class Member:
         try:
             self.execution_service = ExecutionService(threads)
             self._maps = MapStore(self.data_dir, journal_capacity=journal_capacity)
-            self.snapshot_store = SnapshotStore(self.data_dir)
-            self.job_records = JobRecordStore(self.data_dir)
+            self.snapshot_store = self._new_snapshot_store()
+            self.job_records = self._new_job_records()
             if self.data_dir is not None:
                 self._remove_stale_state()
                 self._recover_jobs()
         except BaseException:
             self._abandon_start()
             raise
+
+    def _new_job_records(self) -> "JobRecordStore":
+        from jetwake.engine.jobs.job_records import JobRecordStore
+        return JobRecordStore(self.data_dir)
+
+    def _new_snapshot_store(self) -> "SnapshotStore":
+        from jetwake.snapshot.store.snapshot_store import SnapshotStore
+        return SnapshotStore(self.data_dir)
 
     def _abandon_start(self) -> None:
         """Undoes a start that failed: nothing may keep the directory locked."""
@@ -149,16 +155,18 @@ class Member:
             log.info("removed the RocksDB state of %d execution(s) that did not end cleanly "
                      "(in %s)", removed, root)
 
-    def _recover_jobs(self) -> None:
-        """Loads the job records of the data directory; jobs that were running resume from
-        their last snapshot, each on its own (see JobCoordinator.recover)."""
+    def _recover_jobs(self, records: list | None = None) -> None:
+        """Loads the job records (of the data directory, or ``records``); jobs that were
+        running resume from their last snapshot, each on its own (see
+        JobCoordinator.recover)."""
         to_resume: list[tuple[JobCoordinator, str]] = []
-        for rec in self.job_records.load_all():  # a damaged record is an error naming it
+        if records is None:
+            records = self.job_records.load_all()  # a damaged record is an error naming it
+        for rec in records:
             try:
                 definition = self.job_records.load_definition(rec.job_id)
-                known = JobConfig.__dataclass_fields__
-                config = JobConfig(**{k: v for k, v in rec.config.items() if k in known})
-                c = JobCoordinator(self, rec.job_id, definition, config, rec.submission_time)
+                config = JobConfig.from_dict(rec.config)
+                c = self._new_coordinator(rec.job_id, definition, config, rec.submission_time)
             except Exception as e:  # noqa: BLE001 - one job must not stop the others
                 text = f"{type(e).__name__}: {e}"
                 self.recovery_errors[rec.job_id] = text
@@ -168,7 +176,7 @@ class Member:
                 continue
             c.completion_time = rec.completion_time
             c.failure_text = rec.failure
-            c.restart_count = rec.extra.get("restart_count", 0)
+            c.restore_record_extra(rec.extra)
             self._jobs[c.job_id] = c
             if rec.status in _WAS_RUNNING:
                 to_resume.append((c, rec.status))
@@ -273,7 +281,7 @@ class Member:
                     raise ValueError(
                         f"a job named '{config.name}' already exists and is "
                         f"{existing.status.value}; choose another name or cancel that job")
-            coordinator = JobCoordinator(self, new_job_id(), pipeline, config)
+            coordinator = self._new_coordinator(new_job_id(), pipeline, config)
             self._jobs[coordinator.job_id] = coordinator
         try:
             coordinator.save_definition()
@@ -286,6 +294,12 @@ class Member:
                        f"in {self.data_dir}")
             raise
         return coordinator
+
+    def _new_coordinator(self, job_id: str, definition: Any, config: JobConfig,
+                         submission_time: float | None = None) -> JobCoordinator:
+        """The coordinator of a job of this member (a cluster member makes cluster-wide
+        ones)."""
+        return JobCoordinator(self, job_id, definition, config, submission_time)
 
     def _find_by_name(self, name: str) -> JobCoordinator | None:
         found = [c for c in self._jobs.values() if c.name == name]
@@ -411,6 +425,7 @@ class Member:
             if not ok:
                 stuck.append(c.name)
         self._stopping.set()
+        self._after_jobs_stopped()
         self.execution_service.shutdown()
         if self._maps is not None:
             self._maps.close()
@@ -429,6 +444,10 @@ class Member:
                       "ends, since they could still write into it", stuck, SHUTDOWN_TIMEOUT_S)
         elif self._dir_lock is not None:
             self._dir_lock.release()
+
+    def _after_jobs_stopped(self) -> None:
+        """Called by :meth:`shutdown` once its jobs have stopped, before the execution service
+        stops (a cluster member leaves its cluster here)."""
 
     def __enter__(self) -> "Member":
         return self

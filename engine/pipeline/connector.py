@@ -34,6 +34,10 @@ class Source:
     one watermark from the highest timestamp seen.
     """
 
+    #: what the source reads, as plain data (``{"kind": "items", ...}``), for runners other
+    #: than the member's processors (the Spark backfill); None for a source they cannot run
+    spec: dict | None = None
+
     def __init__(self, name: str, processor: Any, *, is_stream: bool = False,
                  timestamp_fn: Callable[[Any], int] | None = None,
                  emits_watermarks: bool = False) -> None:
@@ -61,6 +65,9 @@ class Sink:
     ``partition_key_fn``: when set, items reach the sink processor owning the key's partition
     (a sink keeping per-key order or per-key state needs it).
     """
+
+    #: what the sink writes, as plain data, for runners other than the member (see Source.spec)
+    spec: dict | None = None
 
     def __init__(self, name: str, processor: Any, *,
                  partition_key_fn: Callable[[Any], Any] | None = None) -> None:

@@ -227,7 +227,18 @@ class Client:
             raise remote_error(error)
         return job
 
-    def submit_job(self, pipeline: Any, config: JobConfig | None = None) -> "RemoteJob":
+    def new_light_job(self, pipeline: Any, config: JobConfig | None = None) -> "RemoteJob":
+        """Starts a light job: the member this client is connected to starts it on every
+        member of its cluster and coordinates it; no snapshots, no job record (see
+        docs/cluster.md, "Light jobs"). Returns once it runs."""
+        job = self.submit_job(pipeline, config, light=True)
+        error = job.wait_started()["start"]["error"]
+        if error is not None:
+            raise remote_error(error)
+        return job
+
+    def submit_job(self, pipeline: Any, config: JobConfig | None = None, *,
+                   light: bool = False) -> "RemoteJob":
         """Submits a Pipeline (or a DAG) and returns its job at once, while the member starts
         it; :meth:`RemoteJob.wait_started` waits for the start. A refused submission (a name
         in use, an unknown initial snapshot) raises here and leaves no job behind."""
@@ -245,8 +256,11 @@ class Client:
         except Exception as e:  # noqa: BLE001
             raise TypeError(f"the pipeline cannot be serialized to send it to the member: "
                             f"{type(e).__name__}: {e}") from e
-        info = self.call("submit", pipeline=data, config=dict(vars(config)),
-                         wait=min(0.5, self._poll_wait))
+        args: dict[str, Any] = {"pipeline": data, "config": dict(vars(config)),
+                                "wait": min(0.5, self._poll_wait)}
+        if light:
+            args["light"] = True
+        info = self.call("submit", **args)
         return RemoteJob(self, info)
 
     @property
@@ -281,6 +295,12 @@ class Client:
     def delete_snapshot(self, name: str) -> None:
         """Deletes a named snapshot; raises SnapshotNotFoundError if there is none."""
         self.call("delete_snapshot", name=name)
+
+    def write_snapshot(self, name: str, job_name: str, entries: list):
+        """Writes ``(vertex, key, value)`` entries on the member as a snapshot exported as
+        ``name`` (a Spark backfill's hand-off); returns its commit record."""
+        return _commit_record(self.call("write_snapshot", name=name, job_name=job_name,
+                                        entries=[list(e) for e in entries]))
 
     # --- data ------------------------------------------------------------------------------
 
@@ -341,9 +361,7 @@ class RemoteJob:
 
     @property
     def config(self) -> JobConfig:
-        cfg = dict(self._info.get("config") or {})
-        cfg = {k: v for k, v in cfg.items() if k in JobConfig.__dataclass_fields__}
-        return JobConfig(**cfg)
+        return JobConfig.from_dict(self._info.get("config") or {})
 
     @property
     def submission_time(self) -> float:
@@ -543,7 +561,7 @@ class RemoteMap(Mapping):
 
 
 class RemoteList(Sequence):
-    """A member's named list (read-only here, plus ``clear``)."""
+    """A member's named list (read-only here, plus ``clear`` and ``commit``)."""
 
     def __init__(self, client: Client, name: str) -> None:
         self._client = client
@@ -571,6 +589,11 @@ class RemoteList(Sequence):
 
     def clear(self) -> None:
         self._call("clear")
+
+    def commit(self, items: list, writer: str, snapshot_id: int) -> bool:
+        """Appends ``items`` unless ``writer`` committed ``snapshot_id`` (or a later one)
+        already, so a request sent again is applied once (``NamedList.commit``)."""
+        return self._call("commit", list(items), writer, snapshot_id)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (list, tuple, RemoteList)):

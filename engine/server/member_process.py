@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.server.authentication import (
     HELLO_TIMEOUT_S, MAX_UNAUTHENTICATED, InsecureAddressError, check_listen_address,
@@ -76,17 +77,21 @@ def _install_signal_handlers(stop: threading.Event) -> None:
 
 def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           token: str | None = None, metrics_port: int | None = None,
+          cluster: str | None = None, kafka_bootstrap_servers: str | None = None,
+          advertise: str | None = None, peer_port: int = 0,
+          scale_up_delay_ms: int | None = None, session_timeout_ms: int | None = None,
           cooperative_threads: int | None = None, local_parallelism: int | None = None,
-          log_level: str = "INFO", install_signals: bool = True,
+          log_level: str = "INFO", install_signals: bool = True, ui_auth: str = "open",
           stop_event: threading.Event | None = None, hello_timeout: float = HELLO_TIMEOUT_S,
           max_unauthenticated: int = MAX_UNAUTHENTICATED) -> int:
     """Runs a member in the foreground until SIGTERM/SIGINT (or ``stop_event``); returns the
     process exit code. The first signal shuts down gracefully (jobs with a guarantee take a
     terminal snapshot and resume on the next start on the same data directory); a second one
     exits at once. A non-loopback ``host`` without a ``token`` is refused (exit code 2) before
-    anything else is opened."""
-    from jetwake.engine.jobs.member import Member
+    anything else is opened. ``ui_auth``: whether the dashboard on the metrics port needs the
+    token to be read ("required") or only for actions ("open")."""
     from jetwake.engine.server.metrics import MetricsServer
+    from jetwake.engine.server.serving_member import Member
 
     configure_logging(log_level)
     try:
@@ -102,8 +107,12 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
     log.info("jetwake %s member starting (pid %d, data: %s)", version(), os.getpid(), where)
     try:
         member = Member(data_dir, cooperative_threads=cooperative_threads,
-                        local_parallelism=local_parallelism)
-    except (OSError, ValueError) as e:
+                        local_parallelism=local_parallelism, cluster=cluster,
+                        kafka_bootstrap_servers=kafka_bootstrap_servers, token=token,
+                        host=host, advertise=advertise, peer_port=peer_port,
+                        **_cluster_options(cluster, scale_up_delay_ms=scale_up_delay_ms,
+                                           session_timeout_ms=session_timeout_ms))
+    except (OSError, ValueError, JetwakeError) as e:
         log.error("cannot start the member: %s", e)
         return 1
     except Exception as e:  # noqa: BLE001 - e.g. an unreadable job record in the data dir
@@ -126,24 +135,40 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
             metrics = MetricsServer(member, host, metrics_port,
                                     healthy=lambda: service.serving,
                                     info=lambda: {"address": service.address_text,
-                                                  "version": version()}).start()
-        except OSError as e:
-            log.error("cannot serve metrics on %s:%s: %s", host, metrics_port, e.strerror or e)
+                                                  "version": version()},
+                                    service=service, ui_auth=ui_auth).start()
+        except (OSError, ValueError) as e:
+            log.error("cannot serve metrics on %s:%s: %s", host, metrics_port,
+                      getattr(e, "strerror", None) or e)
             service.server.server_close()
             member.shutdown(graceful=False)
             return 1
     service.start()
+    member.client_address = advertise or service.address_text
     extra = ""
     if metrics is not None:
         extra = f", metrics on http://{metrics.address[0]}:{metrics.address[1]}/metrics"
-    log.info("member ready on %s%s%s (%d jobs)", service.address_text,
-             ", token required" if token else "", extra, len(member.coordinators()))
+    in_cluster = f", member {member.member_id} of cluster '{cluster}'" if cluster else ""
+    log.info("member ready on %s%s%s%s (%d jobs)", service.address_text,
+             ", token required" if token else "", extra, in_cluster, len(member.coordinators()))
+    if metrics is not None:
+        log.info("dashboard on http://%s:%s/ (%s)", metrics.address[0], metrics.address[1],
+                 "reading and actions need the token" if ui_auth == "required"
+                 else "actions need the token" if token else "actions need the X-Jetwake-Token "
+                 "header")
     try:
         while not stop.wait(0.5):
             pass
     finally:
         _shut_down(member, service, metrics, data_dir)
     return 0
+
+
+def _cluster_options(cluster: str | None, **options: int | None) -> dict:
+    """The cluster settings given (a member without a cluster takes none)."""
+    if not cluster:
+        return {}
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def _shut_down(member: Any, service: MemberService, metrics: Any, data_dir: str | None) -> None:

@@ -70,6 +70,9 @@ class MemberService:
         member.add_listener(self.events.on_event)
         self.handlers = RequestHandlers(member, self.member_info, lambda: self.serving,
                                         self.events.starts)
+        if hasattr(member, "forwarded_request_handler"):  # a member of a cluster
+            member.forwarded_request_handler = \
+                lambda frame, client: self.handlers.respond(frame, client, route=False)
         service = self
 
         class Handler(socketserver.BaseRequestHandler):

@@ -43,13 +43,14 @@ import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from jetwake.engine.jobs.job_status import JobStatus
+from jetwake.engine.server.dashboard.routes import Dashboard
 
 if TYPE_CHECKING:  # pragma: no cover
     from jetwake.engine.jobs.member import Member
@@ -252,23 +253,38 @@ class JetwakeCollector:
 
 
 class MetricsServer:
-    """Serves ``/metrics`` (Prometheus text format) and ``/health`` over HTTP.
+    """Serves ``/metrics`` (Prometheus text format) and ``/health`` over HTTP, and the web
+    dashboard (``/``, ``/api/``: :mod:`jetwake.engine.server.dashboard.routes`) of a member
+    that serves clients.
 
     ``/health`` answers 200 ``{"status": "UP", ...}`` while ``healthy()`` is true and 503
-    once the member is shutting down.
+    once the member is shutting down. ``service``: the member service whose requests the
+    dashboard answers through (default: the member's own, ``member.service``); without one
+    ``/`` serves the metrics as ``/metrics`` does. ``ui_auth``: "open" (reading needs no
+    token, actions do) or "required" (reading needs it too). ``token``: the one the
+    dashboard asks for (default: the service's).
     """
 
     def __init__(self, member: "Member", host: str, port: int,
                  healthy: Callable[[], bool] = lambda: True,
-                 info: Callable[[], dict] = dict) -> None:
+                 info: Callable[[], dict] = dict, *, service: Any = None,
+                 ui_auth: str = "open", token: str | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(JetwakeCollector(member))
         registry, is_healthy, get_info = self.registry, healthy, info
+        service = service if service is not None else getattr(member, "service", None)
+        if service is None and ui_auth != "open":
+            raise ValueError("ui_auth='required' needs a member that serves clients: the "
+                             "dashboard answers through its service")
+        self.dashboard = dashboard = None if service is None else \
+            Dashboard(member, service.handlers, token or service.token, ui_auth)
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 path = self.path.split("?", 1)[0]
-                if path in ("/metrics", "/"):
+                if dashboard is not None and path not in ("/metrics", "/health", "/healthz"):
+                    dashboard.handle(self, "GET")
+                elif path in ("/metrics", "/"):
                     try:
                         body = generate_latest(registry)
                     except Exception as e:  # noqa: BLE001
@@ -283,6 +299,21 @@ class MetricsServer:
                                "application/json")
                 else:
                     self._send(404, b"not found: try /metrics or /health\n", "text/plain")
+
+            def do_POST(self) -> None:  # noqa: N802 - the dashboard's actions
+                self._dashboard_only("POST")
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                self._dashboard_only("DELETE")
+
+            def do_PUT(self) -> None:  # noqa: N802 - refused as JSON (405) by the dashboard
+                self._dashboard_only("PUT")
+
+            def _dashboard_only(self, method: str) -> None:
+                if dashboard is None:
+                    self._send(405, b"only GET here\n", "text/plain")
+                else:
+                    dashboard.handle(self, method)
 
             def _send(self, code: int, body: bytes, ctype: str) -> None:
                 self.send_response(code)

@@ -26,6 +26,7 @@ from jetwake.engine.core.serialization import dumps, loads
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.net.framing import ProtocolError
+from jetwake.engine.server.dashboard.requests import DashboardRequests
 from jetwake.engine.server.protocol import error_pair, version
 
 __all__ = ["RequestHandlers", "MAX_WAIT_S"]
@@ -87,6 +88,10 @@ _BACKGROUND_NEEDS = {"suspend": JobStatus.RUNNING, "restart": JobStatus.RUNNING,
                      "resume": JobStatus.SUSPENDED}
 
 
+# the target of a request the cluster's coordinator must answer, whichever member it is now
+_COORDINATOR = "<coordinator>"
+
+
 class RequestHandlers:
     """The requests a member service serves, for one :class:`Member`.
 
@@ -96,7 +101,12 @@ class RequestHandlers:
 
     MAP_METHODS = {"get", "contains", "len", "items", "keys", "values", "put", "put_all",
                    "remove", "clear", "put_if_absent"}
-    LIST_METHODS = {"len", "getitem", "slice", "all", "clear"}
+    LIST_METHODS = {"len", "getitem", "slice", "all", "clear", "commit"}
+    #: what a member of a cluster that does not coordinate it hands to the coordinator, so
+    #: that every member gives the same answers about the cluster's jobs
+    FORWARDED = {"submit", "job_start", "get_job", "job_info", "jobs", "job_action", "job_join",
+                 "job_wait", "job_metrics", "snapshots", "delete_snapshot"} \
+        | DashboardRequests.FORWARDED
 
     def __init__(self, member: Any, member_info: Callable[[], dict],
                  serving: Callable[[], bool], starts: Callable[[str], int]) -> None:
@@ -121,20 +131,34 @@ class RequestHandlers:
             "job_metrics": self.job_metrics,
             "snapshots": self.snapshots,
             "delete_snapshot": self.delete_snapshot,
+            "write_snapshot": self.write_snapshot,
             "map": self.map_operation,
             "list": self.list_operation,
         }
+        # the web dashboard's requests (read-only: job detail, overview, a member's share)
+        self.operations.update(DashboardRequests(self).operations)
 
     # --- one request ---------------------------------------------------------------------
 
-    def respond(self, data: bytes, peer: str) -> bytes:
+    def respond(self, data: bytes, peer: str, route: bool = True) -> bytes:
         """The encoded response to one request frame. Raises :class:`ProtocolError` for a
-        frame that is not a request (the connection is closed then)."""
+        frame that is not a request (the connection is closed then). ``route``: whether a
+        request another member must answer is handed to it (False for a request another
+        member handed here)."""
         try:
             req = loads(data)
             if not isinstance(req, dict) or not isinstance(req.get("op"), str):
                 raise ProtocolError("a request must be a map with an 'op'")
             op = req["op"]
+            target = self._route(op, req.get("args")) if route else None
+            if target is None and op in self.FORWARDED:
+                # a member that has just become the coordinator answers about the cluster's
+                # jobs once it has read their records
+                getattr(self.member, "await_coordination", lambda: None)()
+            if target is not None:
+                return self.member.forward_request(
+                    data, peer, self._forward_timeout(req),
+                    None if target is _COORDINATOR else target)
             handler = self.operations.get(op)
             if handler is None:
                 raise ValueError(f"unknown operation '{op}'")
@@ -154,6 +178,29 @@ class RequestHandlers:
                 log.debug("request failed", exc_info=True)
             return dumps({"ok": False, "error": error_pair(e)})
 
+    def _route(self, op: str, args: Any) -> str | None:
+        """The member that must answer this request, when it is not this one: a light job's
+        coordinator for requests about it, the cluster's coordinator for other job requests;
+        None to answer here."""
+        if not getattr(self.member, "in_cluster", False) or op not in self.FORWARDED:
+            return None
+        args = args if isinstance(args, dict) else {}
+        if op == "jobs" and args.get("local"):
+            return None
+        if op == "submit" and args.get("light"):
+            return None  # this member coordinates the light jobs submitted to it
+        ref = args.get("id", args.get("ref"))
+        if isinstance(ref, str):
+            owner = self.member.light_job_owner(ref)
+            if owner is not None:
+                return None if owner == self.member.member_id else owner
+        return None if self.member.is_coordinator else _COORDINATOR
+
+    def _forward_timeout(self, req: dict) -> float:
+        args = req.get("args") or {}
+        wait = args.get("wait", 0) if isinstance(args, dict) else 0
+        return (_wait_seconds(wait) if isinstance(wait, (int, float)) else 0.0) + 60.0
+
     # --- information -----------------------------------------------------------------------
 
     def _coordinator(self, job_id: str) -> Any:
@@ -168,6 +215,7 @@ class RequestHandlers:
                 "submission_time": c.submission_time, "submitted": _iso(c.submission_time),
                 "completion_time": c.completion_time, "failure": c.failure_text,
                 "config": cfg, "last_snapshot": record_dict(c.last_snapshot),
+                "light": bool(getattr(c, "light", False)),
                 "snapshot_count": c.snapshot_count, "restart_count": c.restart_count,
                 "starts": self.starts(c.job_id), "done": c.is_done()}
 
@@ -175,15 +223,25 @@ class RequestHandlers:
         return self.member_info()
 
     def cluster(self, peer: str) -> dict:
+        """The cluster: name, coordinator, quorum and every member (a member that is not part
+        of a cluster describes itself as a cluster of one)."""
+        state = "ACTIVE" if self.serving() else "PASSIVE"
+        if getattr(self.member, "in_cluster", False):
+            info = self.member.cluster_info()
+            return {**info, "version": version(), "state": state}
         info = self.member_info()
         coords = self.member.coordinators()
         active = sum(1 for c in coords if not c.status.is_terminal)
-        return {"version": version(), "state": "ACTIVE" if self.serving() else "PASSIVE",
-                "members": [info], "jobs": len(coords), "active_jobs": active}
+        me = {**info, "id": info["address"], "state": state, "jobs": active,
+              "job_statuses": info["jobs"], "coordinator": True}
+        return {"name": None, "coordinator": me["id"], "quorum": 1, "size": 1,
+                "version": version(), "state": state, "members": [me], "jobs": len(coords),
+                "active_jobs": active}
 
     # --- jobs ------------------------------------------------------------------------------
 
-    def submit(self, peer: str, pipeline: bytes, config: dict, wait: float = 0.0) -> dict:
+    def submit(self, peer: str, pipeline: bytes, config: dict, wait: float = 0.0,
+               light: bool = False) -> dict:
         """Registers the job (a refused submission raises here and leaves nothing behind),
         starts it on its own thread and answers after at most ``wait`` seconds: the job's info
         and ``start`` (``{"done", "error"}``); ``job_start`` tells the rest."""
@@ -197,16 +255,19 @@ class RequestHandlers:
             raise ValueError(
                 f"the member cannot load the submitted pipeline: {type(e).__name__}: {e}. "
                 "Modules the pipeline imports by name must be installed on the member") from e
-        c = self.member.add_job(definition, JobConfig(**config))
-        log.info("job '%s' (%s) submitted by %s: guarantee %s", c.name, c.job_id, peer,
-                 c.config.processing_guarantee)
+        if light:
+            c = self.member.add_light_job(definition, JobConfig(**config))
+        else:
+            c = self.member.add_job(definition, JobConfig(**config))
+        log.info("%sjob '%s' (%s) submitted by %s: guarantee %s", "light " if light else "",
+                 c.name, c.job_id, peer, c.config.processing_guarantee)
         start = _Start()
         with self._job_starts_lock:
             self._job_starts[c.job_id] = start
 
         def run() -> None:
             try:
-                c.start(restore="initial", persist_definition=False)
+                c.start(restore="none" if light else "initial", persist_definition=False)
             except BaseException as e:  # noqa: BLE001 - the job's status and failure say it
                 start.error = error_pair(e)
             finally:
@@ -234,8 +295,17 @@ class RequestHandlers:
     def job_info(self, peer: str, id: str) -> dict:  # noqa: A002
         return self._job_info(self._coordinator(id))
 
-    def jobs(self, peer: str) -> list[dict]:
-        return [self._job_info(c) for c in self.member.coordinators()]
+    def jobs(self, peer: str, local: bool = False) -> list[dict]:
+        """Every job; in a cluster the coordinator's jobs and every member's light jobs
+        (``local``: this member's own only)."""
+        out = [self._job_info(c) for c in self.member.coordinators()]
+        if local or not getattr(self.member, "in_cluster", False):
+            return out
+        request = dumps({"op": "jobs", "args": {"local": True}})
+        for reply in self.member.ask_other_members(request, peer):
+            if reply.get("ok"):
+                out.extend(j for j in reply["result"] if j["id"] not in {o["id"] for o in out})
+        return sorted(out, key=lambda j: j["submission_time"])
 
     def job_action(self, peer: str, id: str, action: str,  # noqa: A002
                    name: str | None = None, background: bool = False) -> Any:
@@ -289,6 +359,36 @@ class RequestHandlers:
         self.member.delete_snapshot(name)
         log.info("snapshot '%s' deleted by %s", name, peer)
 
+    def write_snapshot(self, peer: str, name: str, job_name: str, entries: list) -> dict:
+        """Writes ``[vertex, key, value]`` entries a client sends as a committed snapshot
+        exported as ``name`` (a Spark backfill's hand-off, docs/backfill.md), which
+        ``JobConfig(initial_snapshot_name=name)`` restores; a name that is taken fails."""
+        import uuid
+
+        from jetwake.engine.core.errors import SnapshotError
+        store = self.member.snapshot_store
+        if store.get_export(name) is not None:
+            raise SnapshotError(f"a snapshot named {name!r} exists already on the member; "
+                                f"delete it (jetwake snapshot delete {name}) or choose another")
+        by_vertex: dict[str, list] = {}
+        for vertex, key, value in entries:
+            by_vertex.setdefault(vertex, []).append((key, value))
+        job_id = f"written-{uuid.uuid4().hex}"
+        writer = store.writer(job_id, job_name, store.next_snapshot_id(job_id), terminal=False)
+        try:
+            for vertex, pairs in by_vertex.items():
+                writer.add(vertex, 0, pairs)
+            rec = writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        try:
+            exported = store.export(rec, name)
+        finally:
+            store.delete_job_snapshots(job_id)
+        log.info("snapshot '%s' written by %s (%d entries)", name, peer, len(entries))
+        return record_dict(exported)  # type: ignore[return-value]
+
     # --- maps and lists --------------------------------------------------------------------
 
     def map_operation(self, peer: str, name: str, method: str,
@@ -331,5 +431,7 @@ class RequestHandlers:
             return list(lst)[slice(*a)]
         if method == "all":
             return list(lst)
+        if method == "commit":  # items, writer, sequence: applied once, even when resent
+            return lst.commit(list(a[0]), a[1], a[2])
         lst.clear()
         return None

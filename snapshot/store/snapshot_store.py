@@ -81,6 +81,9 @@ class CommitRecord:
     # processor count: a vertex all of whose processors completed is not run again on restore
     completed: dict[str, list[int]] = field(default_factory=dict)
     parallelism: dict[str, int] = field(default_factory=dict)
+    # in a cluster: where each member's part of the data is kept for every member to read
+    # (member id -> {relative path: location}); empty for a snapshot of one member
+    data_refs: dict[str, dict[str, list]] = field(default_factory=dict)
 
     def vertex_completed(self, vertex: str) -> bool:
         """Whether every processor of ``vertex`` had completed when this snapshot was taken."""
@@ -94,6 +97,16 @@ class CommitRecord:
     @property
     def size_bytes(self) -> int:
         return sum(f[2] for v in self.files.values() for f in v.values())
+
+    def merge_part(self, part: "CommitRecord", member_id: str, refs: dict[str, list]) -> None:
+        """Adds one member's part of a cluster-wide snapshot: its files, the processors that
+        had completed, the parallelism, and where its data is kept (``refs``)."""
+        for vertex, procs in part.files.items():
+            self.files.setdefault(vertex, {}).update(procs)
+        for vertex, indices in part.completed.items():
+            self.completed[vertex] = sorted(set(self.completed.get(vertex, ())) | set(indices))
+        self.parallelism.update(part.parallelism)
+        self.data_refs[member_id] = refs
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -294,31 +307,47 @@ class SnapshotWriter:
         """Syncs the data and writes the commit record (the commit point); raises the first
         write error (the snapshot then did not happen)."""
         with self._lock:
-            if self.error is not None:
-                self._close_streams()
-                raise self.error
-            rec = self.record
-            blobs: dict[str, dict[str, bytes]] = {}
-            try:
-                for (vertex, proc), stream in self._streams.items():
-                    if stream.file is not None:
-                        stream.file.flush()
-                        os.fsync(stream.file.fileno())
-                    else:
-                        blobs.setdefault(vertex, {})[str(proc)] = bytes(stream.buffer)
-                    rec.files.setdefault(vertex, {})[str(proc)] = [stream.count, stream.crc,
-                                                                    stream.size]
-            finally:
-                self._close_streams()
-            rec.duration_ms = (time.perf_counter() - self._started) * 1000
+            rec, blobs = self._sync()
             if self.directory is None:
                 self.store._put_memory(rec, blobs)
                 return rec
+            write_atomically(os.path.join(self.directory, COMMIT_FILE), rec.to_json().encode())
+            return rec
+
+    def finish_part(self) -> CommitRecord:
+        """Syncs this member's part of a cluster-wide snapshot and returns its record, without
+        a commit point: the coordinator merges the parts of every member
+        (:meth:`CommitRecord.merge_part`) and commits the whole. Raises the first write
+        error."""
+        with self._lock:
+            if self.directory is None:
+                raise SnapshotStoreError("a member of a cluster needs a data directory")
+            rec, _ = self._sync()
+            return rec
+
+    def _sync(self) -> tuple[CommitRecord, dict[str, dict[str, bytes]]]:
+        if self.error is not None:
+            self._close_streams()
+            raise self.error
+        rec = self.record
+        blobs: dict[str, dict[str, bytes]] = {}
+        try:
+            for (vertex, proc), stream in self._streams.items():
+                if stream.file is not None:
+                    stream.file.flush()
+                    os.fsync(stream.file.fileno())
+                else:
+                    blobs.setdefault(vertex, {})[str(proc)] = bytes(stream.buffer)
+                rec.files.setdefault(vertex, {})[str(proc)] = [stream.count, stream.crc,
+                                                                stream.size]
+        finally:
+            self._close_streams()
+        rec.duration_ms = (time.perf_counter() - self._started) * 1000
+        if self.directory is not None:
             os.makedirs(self.directory, exist_ok=True)
             for vertex in {v for v, _ in self._streams}:
                 _fsync_dir(os.path.join(self.directory, vertex_dir_name(vertex)))
-            write_atomically(os.path.join(self.directory, COMMIT_FILE), rec.to_json().encode())
-            return rec
+        return rec, blobs
 
     def abort(self) -> None:
         """Drops everything written for this snapshot (it never committed)."""

@@ -32,18 +32,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from jetwake.engine.jobs.job_config import JobConfig
     job_args = list(getattr(args, "job_args", None) or [])
     pipeline = load_pipeline(args.file, job_args)
+    if args.light and args.guarantee != "none":
+        raise CliError("a light job takes no snapshots: --light goes with the guarantee "
+                       f"'none', not '{args.guarantee}'", EXIT_USAGE)
     try:
         config = JobConfig(
             name=args.name, processing_guarantee=args.guarantee,
             snapshot_interval_ms=args.snapshot_interval if args.snapshot_interval is not None
             else 10_000, initial_snapshot_name=args.from_snapshot,
+            split_brain_protection=args.split_brain_protection,
+            auto_scaling=not args.no_auto_scaling,
             arguments={"args": job_args, "file": os.path.abspath(args.file)})
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
     with connect(args) as client, \
             Progress(f"Submitting {os.path.basename(args.file)}") as progress:
         try:
-            job = client.submit_job(pipeline, config)
+            job = client.submit_job(pipeline, config, light=args.light)
         except SnapshotNotFoundError:
             raise CliError(f"no exported snapshot named '{args.from_snapshot}' to start from "
                            "(--from-snapshot); `jetwake list-snapshots` lists them. No job "

@@ -12,6 +12,7 @@ from typing import Sequence
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.server.authentication import HELLO_TIMEOUT_S, MAX_UNAUTHENTICATED
 from jetwake.engine.server.cli.connection import DEFAULT_ADDRESS
+from jetwake.engine.server.cli.backfill_command import add_backfill_parser
 from jetwake.engine.server.cli.errors import (
     EXIT_AUTH, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_UNREACHABLE, EXIT_USAGE, CliError,
 )
@@ -130,8 +131,30 @@ def build_parser() -> argparse.ArgumentParser:
                     default=MAX_UNAUTHENTICATED, metavar="N",
                     help="connections that may wait to authenticate at once; more are "
                          f"closed at once (default: {MAX_UNAUTHENTICATED})")
+    ms.add_argument("--cluster", metavar="NAME", default=None,
+                    help="join the cluster NAME (needs --kafka and --data-dir)")
+    ms.add_argument("--kafka", metavar="BOOTSTRAP", default=None,
+                    help="Kafka bootstrap servers through which the cluster's members find "
+                         "each other, and where the cluster keeps its records")
+    ms.add_argument("--advertise", metavar="HOST:PORT", default=None,
+                    help="the address clients and peers reach this member by, if not the "
+                         "one it listens on")
+    ms.add_argument("--peer-port", type=int, default=0, metavar="PORT",
+                    help="port for the other members of the cluster (default: a free port)")
+    ms.add_argument("--session-timeout", type=int, default=None, metavar="MS",
+                    help="how long Kafka waits for a silent member before the cluster goes on "
+                         "without it (default: 6000; lower: faster failover, more false "
+                         "alarms on a busy host)")
+    ms.add_argument("--scale-up-delay", type=int, default=None, metavar="MS",
+                    help="how long after members joined the cluster's jobs restart to use "
+                         "them (default: 10000)")
     ms.add_argument("--metrics-port", type=int, metavar="PORT",
-                    help="serve Prometheus /metrics and /health on this port")
+                    help="serve Prometheus /metrics and /health on this port, and the web "
+                         "dashboard at / (docs/dashboard.md)")
+    ms.add_argument("--ui-auth", choices=["open", "required"], default="open",
+                    help="open: anyone who reaches the dashboard may read it, actions need "
+                         "the token; required: reading needs the token too (needs --token "
+                         "and --metrics-port; default: open)")
     ms.add_argument("--cooperative-threads", type=int, metavar="N",
                     help="worker threads for cooperative processors (default: min(2, CPUs))")
     ms.add_argument("--local-parallelism", type=int, metavar="N",
@@ -146,10 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.description += (" FILE.py defines a module-level `pipeline` (a Pipeline) or a function "
                       "`pipeline(args)` that returns one; ARGS after `--` are passed to it.")
     p.usage = ("jetwake submit [-h] [--name NAME] [--guarantee G] [--snapshot-interval MS] "
-               "[--from-snapshot NAME] [--json] [--no-wait] [--timeout SECONDS] FILE.py "
-               "[-- ARGS...]")
+               "[--from-snapshot NAME] [--split-brain-protection] [--no-auto-scaling] "
+               "[--light] [--json] [--no-wait] [--timeout SECONDS] FILE.py [-- ARGS...]")
     p.add_argument("file", metavar="FILE.py")
     p.add_argument("--name", "-n", help="job name (default: the job id)")
+    p.add_argument("--split-brain-protection", action="store_true",
+                   help="in a cluster, run only while a quorum of members is present")
+    p.add_argument("--no-auto-scaling", action="store_true",
+                   help="in a cluster, keep the job's members: a member that joins is not "
+                        "used, and losing one suspends the job (with a guarantee)")
+    p.add_argument("--light", action="store_true",
+                   help="a light job: started on every member of the cluster by the member "
+                        "this command connects to, which coordinates it; no snapshots, no job "
+                        "record (guarantee 'none')")
     p.add_argument("--guarantee", "-g", default="none",
                    choices=["exactly_once", "at_least_once", "none"],
                    help="processing guarantee (default: none)")
@@ -198,10 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="NAME")
     p.set_defaults(func=cmd_delete_snapshot)
 
-    p = add("cluster", "show the members, their addresses and version, and the jobs",
+    p = add("cluster", "show the cluster: its coordinator, quorum and members with their "
+            "addresses and jobs",
             "jetwake cluster --json")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=cmd_cluster)
+
+    add_backfill_parser(sub, _FMT, common)
     return parser
 
 
@@ -211,9 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     job_args: list[str] = []
-    if "submit" in argv and "--" in argv[argv.index("submit"):]:
-        cut = argv.index("--", argv.index("submit"))
-        argv, job_args = argv[:cut], argv[cut + 1:]
+    for command in ("submit", "backfill"):
+        if command in argv and "--" in argv[argv.index(command):]:
+            cut = argv.index("--", argv.index(command))
+            argv, job_args = argv[:cut], argv[cut + 1:]
+            break
     args = parser.parse_args(argv)
     args.job_args = job_args
     if getattr(args, "command", None) is None:

@@ -73,7 +73,7 @@ def job_json(info: dict) -> dict:
             "initial_snapshot_name": cfg.get("initial_snapshot_name"),
             "last_snapshot": snapshot_json(info.get("last_snapshot")),
             "snapshot_count": info.get("snapshot_count"),
-            "restart_count": info.get("restart_count")}
+            "restart_count": info.get("restart_count"), "light": bool(info.get("light"))}
 
 
 def print_json(doc: Any) -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Run a real Apache Kafka broker (KRaft mode, no ZooKeeper, no Docker) on loopback.
 
-    kafka_local.py up     [--port P] [--nodes N]   start (no-op if one already answers on P)
+    kafka_local.py up     [--port P] [--nodes N] [--host H]
+                                                   start (no-op if one already answers on P)
     kafka_local.py down   [--port P]               stop what `up` started on P, delete its data
     kafka_local.py status [--port P]
 
@@ -12,6 +13,10 @@ broker log, pid file); `down` removes that directory.
 
 With --nodes 3 three processes are started, each a combined broker+controller, with client
 listeners on P, P+1, P+2 and a three-voter controller quorum on other free ports.
+
+--host (start_broker(host=...)) makes the client listener listen on, and advertise, another
+local address than loopback, e.g. a bridge's address that processes in network namespaces
+reach (the controller listeners stay on loopback: only the brokers use them).
 
 The functions start_broker(), stop_broker(), broker_ready() and broker_status() are the
 importable API (used by tests/kafka_broker.py and bench/bench_kafka_peers.py). Only the standard library is used, except
@@ -71,8 +76,8 @@ def run_dir(port: int) -> Path:
     return CACHE / f"run-{port}"
 
 
-def bootstrap_for(port: int, nodes: int = 1) -> str:
-    return ",".join(f"{HOST}:{port + i}" for i in range(nodes))
+def bootstrap_for(port: int, nodes: int = 1, host: str = HOST) -> str:
+    return ",".join(f"{host}:{port + i}" for i in range(nodes))
 
 
 @contextlib.contextmanager
@@ -98,10 +103,10 @@ def port_in_use(port: int, host: str = HOST) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def _can_bind(port: int) -> bool:
+def _can_bind(port: int, host: str = HOST) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind((HOST, port))
+            s.bind((host, port))
         except OSError:
             return False
         return True
@@ -204,14 +209,14 @@ def _cluster_id() -> str:
 
 
 def _server_properties(node_id: int, port: int, controller_port: int, voters: str,
-                       nodes: int, data_dir: Path) -> str:
+                       nodes: int, data_dir: Path, host: str = HOST) -> str:
     rf = min(3, nodes)
     props = {
         "process.roles": "broker,controller",
         "node.id": node_id,
         "controller.quorum.voters": voters,
-        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -419,21 +424,23 @@ def broker_status(port: int) -> dict:
 
 
 def start_broker(port: int | None = None, nodes: int = 1,
-                 timeout: float = READY_TIMEOUT) -> str:
-    """Start a KRaft broker (or an N-node cluster) on 127.0.0.1:port.. and return the bootstrap
-    string once it is ready. Returns at once if a broker already answers on `port`."""
+                 timeout: float = READY_TIMEOUT, host: str = HOST) -> str:
+    """Start a KRaft broker (or an N-node cluster) on host:port.. (host: 127.0.0.1 unless
+    given; a local address the clients can reach) and return the bootstrap string once it is
+    ready. Returns at once if a broker already answers on `port`."""
     port = default_port() if port is None else int(port)
     if nodes < 1:
         raise KafkaLocalError("--nodes must be >= 1")
-    bootstrap = bootstrap_for(port, nodes)
+    bootstrap = bootstrap_for(port, nodes, host)
     rdir = run_dir(port)
     with _file_lock(CACHE / "locks" / f"run-{port}.lock"):
         state = _read_state(port)
         alive = _alive_pids(port)
-        ids = _broker_ids(bootstrap_for(port))
+        ids = _broker_ids(bootstrap_for(port, 1, host))
         if ids is not None:
-            existing = (state or {}).get("bootstrap") or bootstrap_for(port, max(len(ids), 1))
-            _log(f"a Kafka broker is already running on {HOST}:{port} "
+            existing = (state or {}).get("bootstrap") or bootstrap_for(port, max(len(ids), 1),
+                                                                       host)
+            _log(f"a Kafka broker is already running on {host}:{port} "
                  f"(brokers {sorted(ids)}{', started by kafka_local' if alive else ''})")
             return existing
         if alive:  # ours, still starting (another `up` racing us) -> just wait for it
@@ -444,8 +451,8 @@ def start_broker(port: int | None = None, nodes: int = 1,
             raise KafkaLocalError(f"broker processes {alive} on port {port} are not answering; "
                                   f"run `kafka_local.py down --port {port}`")
         for p in range(port, port + nodes):
-            if port_in_use(p) or not _can_bind(p):
-                raise KafkaLocalError(f"port {HOST}:{p} is taken by something that is not a "
+            if port_in_use(p, host) or not _can_bind(p, host):
+                raise KafkaLocalError(f"port {host}:{p} is taken by something that is not a "
                                       "Kafka broker; choose another with --port / KAFKA_PORT")
 
         ensure_jars()
@@ -480,7 +487,8 @@ def start_broker(port: int | None = None, nodes: int = 1,
                 node_id = i + 1
                 props = rdir / f"server-{node_id}.properties"
                 props.write_text(_server_properties(node_id, port + i, controller_ports[i],
-                                                    voters, nodes, rdir / f"data-{node_id}"))
+                                                    voters, nodes, rdir / f"data-{node_id}",
+                                                    host))
                 _run_checked([*jvm_common, "kafka.tools.StorageTool", "format", "-t",
                               cluster_id, "-c", str(props), "--ignore-formatted"],
                              f"formatting storage for node {node_id}",
@@ -544,12 +552,15 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"client port (default $KAFKA_PORT, else {DEFAULT_PORT})")
         if name == "up":
             p.add_argument("--nodes", type=int, default=1, help="1 (default) or 3")
+            p.add_argument("--host", default=HOST,
+                           help=f"address the client listener listens on and advertises "
+                                f"(default {HOST})")
             p.add_argument("--timeout", type=float, default=READY_TIMEOUT)
     args = ap.parse_args(argv)
     port = default_port() if args.port is None else args.port
     try:
         if args.cmd == "up":
-            bootstrap = start_broker(port, args.nodes, args.timeout)
+            bootstrap = start_broker(port, args.nodes, args.timeout, args.host)
             print(bootstrap)
         elif args.cmd == "down":
             if not stop_broker(port):

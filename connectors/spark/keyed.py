@@ -1,0 +1,374 @@
+"""The keyed stages of a backfill as plain functions over one Spark partition.
+
+Each function gets the records of one Spark partition, every key's records in order (event
+time, then position in the source, see ``translate.py``), and yields what the stage emits as
+``("o", element)`` and, when the run exports a snapshot, the state the streaming job would hold
+at the hand-off as ``("s", (vertex, key, value))``: the same keys and value shapes as the
+processors' ``save_to_snapshot`` (engine/processors/*), so their restore code reads them
+unchanged (the hand-off tests check it against a real snapshot).
+
+An element is the item or, when ``timed``, ``(ts, wm, item)``: ``ts`` its event time, ``wm``
+the watermark the streaming job would have had just before the item (None when it cannot be
+known in advance, then no item is late); see ``chunks.py``. A stage's output elements have the
+shape of its input's.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, Callable, Iterable, Iterator
+
+from jetwake.engine.core.processor import BroadcastKey
+from jetwake.engine.operations.aggregate import AggregateOperation
+from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
+from jetwake.engine.processors.event_time_base import call_with_arity
+from jetwake.engine.processors.map_stateful import END_OF_TIME
+
+__all__ = ["rolling", "map_stateful", "frame_windows", "sessions", "sliding_no_combine",
+           "WM_KEY", "NO_CUT"]
+
+WM_KEY = "window-watermark"  # sliding_window._WM_KEY: the window processors' watermark entry
+NO_CUT = None  # a bounded run: every window closes, as at the end of a batch job
+_MISSING = object()
+_TS, _WM, _ITEM = itemgetter(0), itemgetter(1), itemgetter(2)
+
+Row = tuple  # ((partition id, order...), element)
+
+
+def rolling(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | None,
+            vertex: str, export_state: bool, timed: bool) -> Iterator[tuple]:
+    """``rolling_aggregate``: each item updates its key's accumulator and emits the result
+    (``(key, result)`` keyed, the result alone keyless), keeping the item's time."""
+    create, accumulate = op.create, op.accumulate
+    export = op.detached_export(create())
+    accs: dict = {}
+    get = accs.get
+    for _, e in rows:
+        x = e[2] if timed else e
+        k = key_fn(x) if key_fn is not None else None
+        acc = get(k, _MISSING)
+        acc = accumulate(create() if acc is _MISSING else acc, x)
+        accs[k] = acc
+        r = (k, export(acc)) if key_fn is not None else export(acc)
+        yield "o", ((e[0], e[1], r) if timed else r)
+    if export_state:
+        for k, acc in accs.items():
+            yield "s", (vertex, k, acc)
+
+
+def map_stateful(rows: Iterable[Row], create_fn: Callable, map_fn: Callable,
+                 key_fn: Callable | None, timestamped: bool, ttl: int | None,
+                 on_evict: Callable | None, vertex: str, bounded: bool, cut: int | None,
+                 export_state: bool, late: Callable[[int], None],
+                 timed: bool) -> Iterator[tuple]:
+    """``map_stateful``: one state per key, ``map_fn(state, key, item)`` (keyless:
+    ``map_fn(state, item)``); with a ttl a key's state is evicted once the watermark passes
+    its last event time + ttl (``on_evict``'s result is emitted at that watermark), and at the
+    end of a bounded run every state is evicted, as when a finite stream ends."""
+    evict_fn = call_with_arity(on_evict, 3) if on_evict is not None else None
+    states: dict = {}
+    last_ts: dict = {}
+    heap: list = []
+    seq = 0
+    cur_wm = None
+    n_late = 0
+
+    def evict(wm: int) -> Iterator[tuple]:
+        nonlocal seq
+        while heap and heap[0][0] <= wm:
+            _, _, k = heapq.heappop(heap)
+            last = last_ts.get(k)
+            if last is None:
+                continue
+            if last + ttl > wm:  # type: ignore[operator]
+                seq += 1
+                heapq.heappush(heap, (last + ttl, seq, k))  # type: ignore[operator]
+                continue
+            state = states.pop(k)
+            del last_ts[k]
+            if evict_fn is not None:
+                r = evict_fn(state, k, wm)
+                if r is not None:
+                    yield "o", ((wm, wm, r) if timed else r)
+
+    for _, e in rows:
+        if timed:
+            ts, wm, x = e
+        else:
+            ts = wm = None
+            x = e
+        k = key_fn(x) if key_fn is not None else None
+        if ttl is not None and timestamped:
+            if wm is not None and (cur_wm is None or wm > cur_wm):
+                cur_wm = wm
+                yield from evict(wm)
+            if cur_wm is not None and ts < cur_wm - ttl:
+                n_late += 1
+                continue
+        state = states.get(k, _MISSING)
+        if state is _MISSING:
+            state = states[k] = create_fn()
+            if ttl is not None and timestamped:
+                last_ts[k] = ts
+                seq += 1
+                heapq.heappush(heap, (ts + ttl, seq, k))
+        elif ttl is not None and timestamped and ts > last_ts[k]:
+            last_ts[k] = ts
+        r = map_fn(state, k, x) if key_fn is not None else map_fn(state, x)
+        if r is not None:
+            yield "o", ((ts, wm, r) if timed else r)
+    if n_late:
+        late(n_late)
+    if ttl is not None and timestamped:
+        if bounded:
+            yield from evict(END_OF_TIME)
+        elif cut is not None:
+            yield from evict(cut)
+    if export_state:
+        wm_entry = cut if cut is not None else (cur_wm if cur_wm is not None else _NO_WM)
+        yield "s", (vertex, BroadcastKey("map-stateful-watermark"), wm_entry)
+        for k, state in states.items():
+            yield "s", (vertex, k, [state, last_ts.get(k)])
+
+
+_NO_WM = -(2 ** 63)  # watermark_policy.NO_WATERMARK
+
+
+def frame_windows(key: Any, frames: dict, op: AggregateOperation, size: int, slide: int,
+                  keyed: bool, cut: int | None, vertex: str, n_inputs: int,
+                  export_state: bool) -> Iterator[tuple]:
+    """The windows of one key from its per-frame accumulators ``{frame start: acc}`` (sliding
+    and tumbling windows of operations that combine, the two-stage plan).
+
+    Windows ending at or before ``cut`` (a frame boundary) are emitted; the frames of windows
+    still open go to the state, as the streaming job holds them: frames the watermark passed
+    in the combining vertex ``vertex``, later ones in ``vertex-accumulate``. As in the
+    member's combining processor, an operation that can deduct slides its accumulator (the
+    entering frame combined, the leaving one deducted, a result exported) instead of combining
+    every frame of every window."""
+    starts = sorted(frames)
+    create, combine, deduct, finish = op.create, op.combine, op.deduct, op.finish
+    new = tuple.__new__
+    sliding = op.can_deduct
+    acc: Any = _MISSING
+    last_end = None
+    export = op.export
+    n = len(starts)
+    # the windows holding at least one of the key's frames, in order: the one ending a
+    # slide after the first frame, up to the one ending a window after the last
+    e = starts[0] + slide if starts else 0
+    limit = starts[-1] + size if starts else -1
+    if cut is not None and cut < limit:
+        limit = cut
+    while e <= limit:
+        lo = bisect_left(starts, e - size)
+        if lo == n:
+            break
+        if starts[lo] >= e:  # no frame in this window: on to the next frame's first
+            e = starts[lo] + slide
+            continue
+        if sliding and acc is not _MISSING and e == last_end + slide:  # type: ignore[operator]
+            # as the member's combining processor: the entering frame in, the leaving out
+            entering = frames.get(e - slide, _MISSING)
+            if entering is not _MISSING:
+                acc = combine(acc, entering)  # type: ignore[misc]
+            leaving = frames.get(e - size - slide, _MISSING)
+            if leaving is not _MISSING:
+                acc = deduct(acc, leaving)  # type: ignore[misc]
+        else:
+            acc = create()
+            for f in starts[lo:bisect_left(starts, e, lo)]:
+                acc = combine(acc, frames[f])  # type: ignore[misc]
+            if sliding:
+                # the accumulator changes in place as it slides: results must not
+                export = op.detached_export(acc)
+        last_end = e
+        r = export(acc) if sliding else finish(acc)
+        yield "o", new(KeyedWindowResult, (e - size, e, key, r)) if keyed else \
+            new(WindowResult, (e - size, e, r))
+        e += slide
+    if export_state and cut is not None:
+        keep_from = cut + slide - size - (slide if op.can_deduct else 0)
+        for f, a in frames.items():
+            if f >= cut:
+                if n_inputs == 1:
+                    yield "s", (f"{vertex}-accumulate", key, (f, 0, a))
+                else:
+                    for i in range(n_inputs):
+                        yield "s", (f"{vertex}-accumulate", key, (f, i, a[i]))
+            elif f >= keep_from:
+                yield "s", (vertex, key, (f, a))
+
+
+def window_watermark_entries(vertex: str, cut: int, slide: int, two_stage: bool,
+                             session: bool) -> list[tuple]:
+    """The broadcast entries of a window stage's processors at watermark ``cut``."""
+    if session or not two_stage:
+        return [(vertex, BroadcastKey(WM_KEY), cut)]
+    return [(vertex, BroadcastKey(WM_KEY), cut),
+            (vertex, BroadcastKey("window-next-end"), cut + slide),
+            (f"{vertex}-accumulate", BroadcastKey(WM_KEY), cut)]
+
+
+def sessions(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | None, gap: int,
+             cut: int | None, vertex: str, export_state: bool) -> Iterator[tuple]:
+    """Session windows of each key: events less than ``gap`` apart form one session
+    ``[first event, last event + gap)``, emitted when it ends at or before ``cut``."""
+    create, accumulate, finish = op.create, op.accumulate, op.finish
+    keyed = key_fn is not None
+    current: dict = {}  # key -> [start, end, acc], the key's latest session
+    open_sessions: dict = {}  # key -> sessions kept open at the cut
+
+    def close(k: Any, s: list) -> Iterator[tuple]:
+        if cut is not None and s[1] > cut:
+            open_sessions.setdefault(k, []).append(s)
+            return
+        r = finish(s[2])
+        yield "o", KeyedWindowResult(s[0], s[1], k, r) if keyed else WindowResult(s[0], s[1], r)
+
+    for _, (t, _, x) in rows:
+        k = key_fn(x) if keyed else None
+        s = current.get(k)
+        if s is not None and t < s[1]:  # events arrive in time order: t >= s[0]
+            if t + gap > s[1]:
+                s[1] = t + gap
+            s[2] = accumulate(s[2], x)
+            continue
+        if s is not None:
+            yield from close(k, s)
+        current[k] = [t, t + gap, accumulate(create(), x)]
+    for k, s in current.items():
+        yield from close(k, s)
+    if export_state:
+        for k, ss in open_sessions.items():
+            yield "s", (vertex, k, [list(s) for s in ss])
+
+
+def sliding_no_combine(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | None,
+                       size: int, slide: int, cut: int | None, vertex: str,
+                       export_state: bool) -> Iterator[tuple]:
+    """Sliding windows of an operation without ``combine``: each event is accumulated into
+    every window holding it (the one-stage plan)."""
+    create, accumulate, finish = op.create, op.accumulate, op.finish
+    keyed = key_fn is not None
+    windows: dict = {}  # key -> {window end: acc}
+    for _, (t, _, x) in rows:
+        k = key_fn(x) if keyed else None
+        table = windows.get(k)
+        if table is None:
+            table = windows[k] = {}
+        f = t - t % slide
+        for e in range(f + slide, f + size + 1, slide):
+            acc = table.get(e, _MISSING)
+            table[e] = accumulate(create() if acc is _MISSING else acc, x)
+    for k, table in windows.items():
+        for e in sorted(table):
+            if cut is not None and e > cut:
+                if export_state:
+                    yield "s", (vertex, k, (e, table[e]))
+                continue
+            r = finish(table[e])
+            yield "o", KeyedWindowResult(e - size, e, k, r) if keyed else WindowResult(e - size, e, r)
+
+
+def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callable | None,
+                   slide: int, input_index: int, n_inputs: int,
+                   late: Callable[[int], None], columnar: bool = False) -> Iterator[tuple]:
+    """The first stage of sliding and tumbling windows, over one Spark partition's chunks of
+    ``(ts, wm, item)`` (``columnar``: chunks as the three lists ``(times, watermarks, items)``,
+    as the watermark stage makes them): drops the late events, and accumulates the others per
+    frame and key with the operation's chunk-wise ``accumulate_grouped`` (as the member's
+    accumulating processor does: one call per chunk when the chunk lies in one frame); yields
+    ``(key, [(frame, acc)])`` for the shuffle by key (with several inputs,
+    ``(key, [(input index, [(frame, acc)])])``)."""
+    frames: dict = {}
+    n_late = 0
+    accumulate_grouped = op.accumulate_grouped
+    for chunk in chunks:
+        if columnar:
+            tss, wms, xs = chunk
+        else:
+            tss, wms, xs = list(map(_TS, chunk)), list(map(_WM, chunk)), list(map(_ITEM, chunk))
+        if not tss:
+            continue
+        lo = min(tss)
+        marks = set(wms)
+        marks.discard(None)
+        top = max(marks) if marks else None
+        if top is not None and lo < top - top % slide:
+            # an event is late when it is before the frame of the watermark it met
+            keep = [i for i, (t, w) in enumerate(zip(tss, wms))
+                    if w is None or t >= w - w % slide]
+            n_late += len(tss) - len(keep)
+            if not keep:
+                continue
+            tss = [tss[i] for i in keep]
+            xs = [xs[i] for i in keep]
+            lo = min(tss)
+        hi = max(tss)
+        f_lo = lo - lo % slide
+        if f_lo == hi - hi % slide:
+            table = frames.get(f_lo)
+            if table is None:
+                table = frames[f_lo] = {}
+            accumulate_grouped(table, map(key_fn, xs) if key_fn is not None
+                               else repeat(None, len(xs)), xs)
+            continue
+        by_frame: dict = {}
+        for t, x in zip(tss, xs):
+            f = t - t % slide
+            bucket = by_frame.get(f)
+            if bucket is None:
+                by_frame[f] = [x]
+            else:
+                bucket.append(x)
+        for f, items in by_frame.items():
+            table = frames.get(f)
+            if table is None:
+                table = frames[f] = {}
+            accumulate_grouped(table, map(key_fn, items) if key_fn is not None
+                               else repeat(None, len(items)), items)
+    if n_late:
+        late(n_late)
+    # one record per key, its frames together: the shuffle's cost is per record
+    by_key: dict = {}
+    for f, table in frames.items():
+        for k, acc in table.items():
+            mine = by_key.get(k)
+            if mine is None:
+                by_key[k] = [(f, acc)]
+            else:
+                mine.append((f, acc))
+    if n_inputs == 1:
+        yield from by_key.items()
+    else:
+        for k, fas in by_key.items():
+            yield k, [(input_index, fas)]
+
+
+def merge_frames(pairs: Iterable[tuple], ops: list, combine: Callable) -> dict:
+    """The second stage's input, one Spark partition of ``(key, [(frame, acc)])`` (with
+    several inputs ``(key, [(input index, [(frame, acc)])])``): every key's accumulator per
+    frame, the partial ones of the tasks combined."""
+    n = len(ops)
+    keys: dict = {}
+    for k, fas in pairs:
+        frames = keys.get(k)
+        if frames is None:
+            frames = keys[k] = {}
+        if n > 1:
+            for i, parts in fas:
+                for f, part in parts:
+                    accs = frames.get(f)
+                    if accs is None:
+                        accs = frames[f] = [o.create() for o in ops]
+                    accs[i] = ops[i].combine(accs[i], part)
+            continue
+        get = frames.get
+        for f, a in fas:
+            mine = get(f, _MISSING)
+            frames[f] = a if mine is _MISSING else combine(mine, a)
+    return keys

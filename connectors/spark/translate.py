@@ -1,0 +1,959 @@
+"""A pipeline's stages as Spark operations (docs/backfill.md, "What each stage becomes").
+
+Every stage becomes RDD operations on chunks of elements (``chunks.py``): sources read into
+lists, stateless stages run as a chain of functions over each list inside the task that reads
+them, aggregations and the first stage of windows accumulate a whole chunk per call and
+shuffle one partial accumulator per key (and frame) and task, and only the stages that order a
+key's items (rolling aggregates, ``map_stateful``, sessions, operations without ``combine``)
+go item by item. Nothing is collected to the driver except what a sink into a member writes
+there and the state a hand-off snapshot holds. :func:`check_pipeline` refuses, before any
+Spark job starts, what Spark cannot run.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from math import gcd
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, Callable, Iterator
+
+from jetwake.engine.core.errors import PipelineError
+from jetwake.engine.core.partitioning import partition_of
+from jetwake.engine.core.processor import BroadcastKey
+from jetwake.engine.operations.watermark_policy import NO_WATERMARK, throttle
+from jetwake.engine.pipeline.pipeline import Pipeline
+from jetwake.engine.pipeline.transforms import (
+    AggregateTransform, CustomTransform, DistinctTransform, HashJoinTransform,
+    MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
+    SideSinkTransform, SinkTransform, SortTransform, SourceTransform, StatelessTransform,
+    TimestampTransform, Transform, WindowAggregateTransform,
+)
+from jetwake.engine.processors.insert_watermarks import TimestampError
+from jetwake.engine.processors.sliding_window import composite_operation
+from jetwake.connectors.record_files import matching_files, read_records
+from jetwake.connectors.spark import keyed
+from jetwake.connectors.spark.chunks import (
+    CHUNK, Step, chunked, run_chain, stateless_chunk_function, watermarks_before,
+)
+
+__all__ = ["check_pipeline", "Translator", "StageOut"]
+
+log = logging.getLogger("jetwake.spark")
+
+_SOURCES = ("items", "files", "parquet", "json_lines", "map", "kafka")
+_SINKS = ("files", "list", "map", "kafka", "noop", "logger")
+
+
+def check_pipeline(pipeline: Pipeline, member: Any) -> None:
+    """Fails with a PipelineError naming the stage when Spark cannot run ``pipeline``: a custom
+    processor stage, a source or sink without a Spark form, an unbounded source other than
+    Kafka, a member source or sink without ``member``."""
+    if not isinstance(pipeline, Pipeline):
+        raise TypeError(f"SparkRunner.run() expects a Pipeline, got {type(pipeline).__qualname__}")
+    if not pipeline.transforms:
+        raise PipelineError("the pipeline is empty: start it with read_from(source)")
+    if not pipeline.sinks():
+        raise PipelineError("the pipeline has no sink: end it with write_to(sink)")
+    for t in pipeline.transforms:
+        if isinstance(t, CustomTransform):
+            raise PipelineError(
+                f"stage {t.name!r} is a custom_transform: its processors run only on a "
+                "jetwake member, Spark cannot run them; express it with map/flat_map/"
+                "map_stateful or run the pipeline on a member")
+        if isinstance(t, SourceTransform):
+            spec = t.source.spec
+            if spec is None or spec.get("kind") not in _SOURCES:
+                kind = "unbounded " if t.source.is_stream else ""
+                raise PipelineError(
+                    f"source stage {t.name!r} ({kind}{t.source!r}) cannot be read by a "
+                    "backfill: Spark reads Sources.items, files, parquet, json_lines, map and "
+                    "kafka (bounded by until)")
+            if spec["kind"] == "map" and member is None:
+                raise PipelineError(f"source stage {t.name!r} reads a member's map: pass "
+                                    "member= (a Member or a Client) to run()")
+        if isinstance(t, SinkTransform):
+            spec = t.sink.spec
+            if spec is None or spec.get("kind") not in _SINKS:
+                raise PipelineError(
+                    f"sink stage {t.name!r} ({t.sink!r}) has no Spark form: a backfill writes "
+                    "to Sinks.files, list, map, kafka, noop and logger")
+            if spec["kind"] in ("list", "map") and member is None:
+                raise PipelineError(f"sink stage {t.name!r} writes into a member: pass "
+                                    "member= (a Member or a Client) to run()")
+        if isinstance(t, WindowAggregateTransform) and t.wdef.is_session and len(t.ops) != 1:
+            raise PipelineError(f"stage {t.name!r}: co-aggregation of session windows is not "
+                                "supported; use sliding or tumbling windows")
+
+
+class StageOut:
+    """A translated stage: an RDD of chunks, the chain of chunk functions still to run on them
+    (the stateless stages after it, and counting), and what is known of its elements.
+
+    ``timed``: elements are ``(ts, wm, item)`` (otherwise the items themselves);
+    ``timestamped``: that ``ts`` is the event time of ``with_timestamps``; ``ordered``: the
+    partitions in order are the member's arrival order; ``kafka``: bounded by ``until`` rather
+    than by its end; ``cut``: the hand-off watermark of its event time (kafka only).
+    """
+
+    def __init__(self, chunks: Any, *, timed: bool = False, timestamped: bool = False,
+                 ordered: bool = False, kafka: bool = False, cut: int | None = None,
+                 chain: tuple = (), local: list | None = None,
+                 columns: Any = None) -> None:
+        self.base = chunks
+        # the same chunks as (times, watermarks, items) lists, before the chain, when the
+        # watermark stage made them (a window stage reads them without building triples)
+        self.columns = columns
+        # the items of each partition, when the driver has them (a list read by a source and
+        # nothing changed them yet)
+        self.local = local
+        self.chain: tuple[Step, ...] = chain
+        self.timed = timed or timestamped
+        self.timestamped = timestamped
+        self.ordered = ordered
+        self.kafka = kafka
+        self.cut = cut
+        self._chunks: Any = None
+
+    def then(self, step: Step, **flags: Any) -> "StageOut":
+        """This output with one more chain step (a stateless stage, or counting)."""
+        kw = dict(timed=self.timed, timestamped=self.timestamped, ordered=self.ordered,
+                  kafka=self.kafka, cut=self.cut,
+                  local=self.local if step[0] is None else None,
+                  columns=self.columns if step[0] is None else None)
+        kw.update(flags)
+        return StageOut(self.base, chain=self.chain + (step,), **kw)
+
+    def chunks(self, counters: Any) -> Any:
+        """The RDD of chunks with the chain applied (the same RDD on every call)."""
+        if self._chunks is None:
+            steps = self.chain
+            self._chunks = self.base if not steps else self.base.mapPartitions(
+                lambda it: run_chain(it, steps, counters), preservesPartitioning=True)
+        return self._chunks
+
+    def uncounted(self) -> Any:
+        """The chunks once more, for a pass that only looks (a maximum, a side output): the
+        chain runs without counting again what the stage's consumers count."""
+        if self._chunks is not None and not self.chain:
+            return self._chunks
+        steps = tuple((fn, None) for fn, _ in self.chain)
+        if not any(fn is not None for fn, _ in steps):
+            return self.base
+        return self.base.mapPartitions(lambda it: run_chain(it, steps, None),
+                                       preservesPartitioning=True)
+
+    def elements(self, counters: Any) -> Any:
+        """One RDD element per element."""
+        return self.chunks(counters).flatMap(_identity, preservesPartitioning=True)
+
+    def items(self, counters: Any) -> Any:
+        """One RDD element per item (times and watermarks taken off)."""
+        if not self.timed:
+            return self.elements(counters)
+        return self.chunks(counters).flatMap(_items_of, preservesPartitioning=True)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _items_of(chunk: list) -> list:
+    return [e[2] for e in chunk]
+
+
+def _untimed(chunk: list) -> list:
+    return [e[2] for e in chunk]
+
+
+def _value(tagged: tuple) -> Any:
+    return tagged[1]
+
+
+def _is_state(tagged: tuple) -> bool:
+    return tagged[0] == "s"
+
+
+def _outputs(it: Iterator) -> Iterator[list]:
+    """The chunks of a stateful stage's outputs from its tagged records."""
+    return chunked(v for tag, v in it if tag == "o")
+
+
+class Translator:
+    """Builds the RDDs of one run; :meth:`run_sinks` starts the Spark jobs."""
+
+    def __init__(self, sc: Any, pipeline: Pipeline, member: Any, until: Any,
+                 export_state: bool, counters: Any, partitions: int) -> None:
+        self.sc = sc
+        self.pipeline = pipeline
+        self.member = member
+        self.until = until
+        self.export_state = export_state
+        self.counters = counters
+        self.partitions = max(1, partitions)
+        self.outs: dict[int, StageOut] = {}
+        self.side: dict[int, Any] = {}      # owner transform id -> RDD of its side output
+        self.state_rdds: list = []          # RDDs of (vertex, key, value) for the hand-off
+        self.driver_state: list = []        # (vertex, key, value) known on the driver
+        self.offsets: dict[str, dict[int, int]] = {}
+        self.cuts: list[int] = []
+        self.window_stages = 0
+        self.sink_counts: dict[str, int] = {}
+        self._consumers: dict[int, int] = {}
+        for t in pipeline.transforms:
+            for u in t.upstream:
+                self._consumers[id(u)] = self._consumers.get(id(u), 0) + 1
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _out(self, t: Transform, out: StageOut) -> StageOut:
+        key = f"out:{t.name}"
+        if not (out.chain and out.chain[-1][1] == key):
+            out = out.then((None, key))  # counted per chunk where it is read
+        if self._consumers.get(id(t), 0) > 1:
+            # read by several stages: computed (and counted) once
+            out = StageOut(out.chunks(self.counters).persist(), timed=out.timed,
+                           timestamped=out.timestamped, ordered=out.ordered, kafka=out.kafka,
+                           cut=out.cut, local=out.local)
+        self.outs[id(t)] = out
+        return out
+
+    def _split(self, name: str, tagged: Any) -> Any:
+        """The chunks of a stateful stage's output from its tagged records, keeping its state
+        records for the hand-off."""
+        if self.export_state:
+            tagged = tagged.persist()
+            self.state_rdds.append(tagged.filter(_is_state).map(_value))
+        return tagged.mapPartitions(_outputs, preservesPartitioning=True)
+
+    def _positions(self, up: StageOut) -> Any:
+        """``((partition, index), element)`` per element: its position in the source order."""
+        def pos(i: int, it: Iterator) -> Iterator:
+            j = 0
+            for chunk in it:
+                for e in chunk:
+                    yield (i, j), e
+                    j += 1
+        return up.chunks(self.counters).mapPartitionsWithIndex(pos)
+
+    def _by_key_sorted(self, up: StageOut, key_fn: Callable[[Any], Any] | None,
+                       by_time: bool | None = None) -> Any:
+        """Each key's elements in one partition, in event-time (``by_time``, by default when
+        the stage has event time) then position order (the order the streaming job gives a
+        key's items); keys placed by jetwake's own partitioning."""
+        n = self.partitions
+        timed = up.timed
+        by_time = up.timestamped if by_time is None else by_time
+
+        def rows(i: int, it: Iterator) -> Iterator:
+            j = 0
+            for chunk in it:
+                for e in chunk:
+                    if key_fn is None:
+                        pid = 0
+                    else:
+                        pid = partition_of(key_fn(e[2] if timed else e)) % n
+                    yield ((pid, e[0], i, j) if by_time else (pid, i, j)), e
+                    j += 1
+        return up.chunks(self.counters).mapPartitionsWithIndex(rows) \
+            .repartitionAndSortWithinPartitions(n, partitionFunc=_first)
+
+    def _results(self, rdd: Any) -> Any:
+        """Chunks of a stage's results, one RDD element per result."""
+        return rdd.mapPartitions(chunked, preservesPartitioning=True)
+
+    # --- building ----------------------------------------------------------------------------
+
+    def build(self) -> None:
+        for t in self.pipeline.transforms:
+            if isinstance(t, SideSinkTransform):
+                continue  # fed by its owner's side output, written in run_sinks
+            if isinstance(t, SinkTransform):
+                continue
+            method = getattr(self, "_" + type(t).__name__)
+            self._out(t, method(t))
+
+    def run_sinks(self) -> None:
+        """Starts one Spark job per sink (what a member writes runs on the driver, chunk by
+        chunk; the other sinks write inside the tasks)."""
+        for t in self.pipeline.transforms:
+            if not isinstance(t, SinkTransform):
+                continue
+            if isinstance(t, SideSinkTransform):
+                rdd = self.side.get(id(t.upstream[0]))
+                if rdd is None:
+                    continue
+            else:
+                up = self.outs[id(t.upstream[0])]
+                rdd = up.chunks(self.counters)
+                if up.timed:
+                    rdd = rdd.map(_untimed, preservesPartitioning=True)
+            self.sink_counts[t.name] = self._write(t, rdd)
+
+    # --- sources -----------------------------------------------------------------------------
+
+    def _slices(self, n: int) -> int:
+        return max(1, min(self.partitions, n // 1000 or 1))
+
+    def _SourceTransform(self, t: SourceTransform) -> StageOut:
+        spec = t.source.spec
+        kind = spec["kind"]
+        sc = self.sc
+        if kind in ("items", "map"):
+            data = list(spec["items"]) if kind == "items" else \
+                list(self.member.get_map(spec["name"]).items())
+            slices = self._slices(len(data))
+            per = -(-len(data) // slices) if data else 1
+            parts = [data[s:s + per] for s in range(0, len(data), per)] or [[]]
+            # partition i holds slice i, items before i + 1's; each chunk pickled on its own
+            blobs = [[_dumps(c) for c in chunked(part)] for part in parts]
+            rdd = sc.parallelize(blobs, len(blobs)).flatMap(_loads_all,
+                                                            preservesPartitioning=True)
+            return StageOut(rdd, ordered=True, local=parts)
+        if kind in ("files", "parquet", "json_lines"):
+            pattern = spec["pattern"]
+            paths = matching_files(pattern, kind)
+            if not paths:
+                log.warning("%s: no file matches %r", t.name, pattern)
+                return StageOut(sc.emptyRDD(), ordered=True)
+            encoding = spec.get("encoding", "utf-8")
+
+            def read(path: str) -> Iterator[list]:
+                if kind == "files":
+                    with open(path, encoding=encoding) as f:
+                        while True:
+                            lines = [line.rstrip("\r\n") for line in f.readlines(1 << 18)]
+                            if not lines:
+                                return
+                            yield lines
+                else:
+                    yield from chunked(read_records(path, kind))
+            def read_all(group: list) -> Iterator[list]:
+                for path in group:
+                    yield from read(path)
+            # a task per core, each reading a run of files in order: a Spark task costs about
+            # 35 ms of the JVM's and the worker's time, a file of a million words 0.2 s
+            groups = _file_groups(paths, self.partitions)
+            rdd = sc.parallelize(groups, len(groups)).flatMap(read_all,
+                                                              preservesPartitioning=True)
+            return StageOut(rdd, ordered=True)
+        # kafka: one Spark partition per Kafka partition, read by a consumer in the task
+        from jetwake.connectors.spark.kafka_io import offset_ranges, read_range
+        ranges = offset_ranges(spec, self.until)
+        for topic, _, p, _, end in ranges:
+            self.offsets.setdefault(topic, {})[p] = end
+        counters = self.counters
+
+        def count(key: str, n: int) -> None:
+            if n:
+                counters.add({key: n})
+        rdd = sc.parallelize(ranges, max(1, len(ranges))).flatMap(
+            lambda r: read_range(r, spec, count), preservesPartitioning=True)
+        if self.export_state:
+            rdd = rdd.persist()
+            self._kafka_source_state(t, spec, ranges, rdd)
+        return StageOut(rdd, timed=True, kafka=True)
+
+    def _kafka_source_state(self, t: SourceTransform, spec: dict, ranges: list,
+                            rdd: Any) -> None:
+        """The Kafka source's snapshot entry (``KafkaSourceProcessor.save_to_snapshot``): the
+        next offset of every partition and, when it tracks event time per partition, the
+        highest record time seen in each."""
+        tops: dict = {}
+        if spec["options"].get("jetwake.watermark.lag.ms", -1) >= 0:
+            def top(i: int, it: Iterator) -> Iterator:
+                best = max((e[0] for chunk in it for e in chunk), default=None)
+                if best is not None:
+                    yield i, best
+            for i, ts in rdd.mapPartitionsWithIndex(top).collect():
+                topic, _, p, _, _ = ranges[i]  # one Spark partition per Kafka partition
+                tops[(topic, p)] = ts
+        counts: dict = {}
+        for topic, _, p, _, _ in ranges:
+            counts[topic] = max(counts.get(topic, 0), p + 1)
+        offsets = [[topic, p, end, tops.get((topic, p))] for topic, _, p, _, end in ranges]
+        self.driver_state.append((t.name, BroadcastKey(("kafka-source", 0)),
+                                  {"offsets": offsets,
+                                   "counts": [[tp, n] for tp, n in counts.items()]}))
+
+    # --- stateless ---------------------------------------------------------------------------
+
+    def _StatelessTransform(self, t: StatelessTransform) -> StageOut:
+        up = self.outs[id(t.upstream[0])]
+        fn = stateless_chunk_function(t.op, t.fn, up.timed)
+        return up.then((fn, f"out:{t.name}"))
+
+    def _RebalanceTransform(self, t: RebalanceTransform) -> StageOut:
+        return self.outs[id(t.upstream[0])].then((None, None))
+
+    def _MergeTransform(self, t: MergeTransform) -> StageOut:
+        ups = [self.outs[id(u)] for u in t.upstream]
+        timed = all(u.timed for u in ups)
+        rdds = []
+        for u in ups:
+            rdd = u.chunks(self.counters)
+            if u.timed and not timed:  # a timed input merged with plain ones: items only
+                rdd = rdd.map(_untimed, preservesPartitioning=True)
+            rdds.append(rdd)
+        cuts = [u.cut for u in ups if u.cut is not None]
+        return StageOut(self.sc.union(rdds), timed=timed,
+                        timestamped=all(u.timestamped for u in ups),
+                        kafka=any(u.kafka for u in ups), cut=min(cuts) if cuts else None)
+
+    # --- event time --------------------------------------------------------------------------
+
+    def _watermark_step(self, t: Transform) -> int:
+        """``TimestampTransform.watermark_step``: the gcd of the frames and gaps downstream."""
+        step = 0
+        seen: set = set()
+        todo = [t]
+        while todo:
+            x = todo.pop()
+            for d in self.pipeline.transforms:
+                if x not in d.upstream or id(d) in seen or isinstance(d, TimestampTransform):
+                    continue
+                seen.add(id(d))
+                if isinstance(d, WindowAggregateTransform):
+                    w = d.wdef
+                    step = gcd(step, w.gap if w.is_session else w.slide)
+                todo.append(d)
+        return step
+
+    def _TimestampTransform(self, t: TimestampTransform) -> StageOut:
+        up = self.outs[id(t.upstream[0])]
+        fn, name = t.timestamp_fn, t.name
+        if fn is None and not up.timed:
+            raise PipelineError(f"stage {t.name!r}: with_native_timestamps needs a source "
+                                "whose records carry a time (Sources.kafka); use "
+                                "with_timestamps(fn) for this source")
+        counters = self.counters
+        side = t.side_sink is not None
+        timed_in = up.timed
+
+        def read_times(chunk: list, counting: bool = True) -> tuple[list, list]:
+            """The times and the items of a chunk's items whose timestamp can be read (the
+            others go to the side output, or fail the run)."""
+            if fn is None:
+                return list(map(_TS, chunk)), list(map(_ITEM, chunk))
+            xs = list(map(_ITEM, chunk)) if timed_in else chunk
+            try:
+                tss = list(map(fn, xs))
+            except Exception:  # noqa: BLE001 - find the item below, then report or route it
+                tss = None
+            if tss is not None and set(map(type, tss)) == _INTS:
+                return tss, xs
+            tss, good = [], []
+            bad = 0
+            for x in xs:
+                try:
+                    ts = fn(x)
+                    ok = isinstance(ts, int) and not isinstance(ts, bool)
+                except Exception as e:  # noqa: BLE001 - side output or a clear failure
+                    ok, err = False, e
+                else:
+                    err = None
+                if ok:
+                    tss.append(ts)
+                    good.append(x)
+                    continue
+                if side:
+                    bad += 1
+                    continue
+                raise TimestampError(
+                    f"stage {name!r}: cannot read the timestamp of item {x!r}"
+                    + (f": {type(err).__name__}: {err}" if err is not None else
+                       f": timestamp_fn returned {ts!r}, not an int"))
+            if bad and counting:
+                counters.add({"bad_timestamps": bad})
+            return tss, good
+
+        def stamp_chunk(chunk: list) -> list:
+            tss, xs = read_times(chunk)
+            return list(zip(tss, repeat(None), xs))
+        if side:
+            def bad_items(it: Iterator) -> Iterator:
+                for chunk in it:
+                    for e in chunk:
+                        x = e[2] if timed_in else e
+                        try:
+                            v = fn(x)  # type: ignore[misc]
+                            if isinstance(v, int) and not isinstance(v, bool):
+                                continue
+                        except Exception:  # noqa: BLE001
+                            pass
+                        yield x
+            self.side[id(t)] = up.uncounted().mapPartitions(bad_items)
+        step = self._watermark_step(t) or 1
+        policy_factory = t.policy_factory
+        if up.kafka:
+            # the hand-off watermark: every partition's highest time, less the lags, at the
+            # slowest partition (what the streaming job's watermark is after reading as far)
+            stamped = StageOut(up.then((stamp_chunk, None)).chunks(counters).persist(),
+                               timestamped=True, kafka=True)
+
+            def top(it: Iterator) -> Iterator:
+                best = max((e[0] for chunk in it for e in chunk), default=None)
+                if best is not None:
+                    yield best
+            tops = stamped.base.mapPartitions(top).collect()
+            cut = None
+            if tops:
+                lag = policy_factory().lag
+                if t.upstream_watermarks:
+                    src = next(s for s in self.pipeline.transforms
+                               if isinstance(s, SourceTransform) and s is t.upstream[0])
+                    lag += max(0, src.source.spec["options"].get("jetwake.watermark.lag.ms", 0))
+                cut = throttle(min(tops) - lag, step)
+                self.cuts.append(cut)
+            stamped.cut = cut
+            return stamped
+        if not up.ordered or policy_factory().is_real_time:
+            return up.then((stamp_chunk, None), timed=True, timestamped=True)
+        # the watermark before each item, as the member's one processor reading the source in
+        # order would have it: the highest times of the partitions before, then item by item
+        # (a first pass reads only the times: cheaper than keeping the stamped items)
+        def part_max(i: int, it: Iterator) -> Iterator:
+            yield i, max((max(read_times(chunk, False)[0], default=None) for chunk in it
+                          if chunk), key=_none_lowest, default=None)
+        maxima = _local_maxima(up.local, fn) if up.local is not None and not timed_in \
+            else None
+        if maxima is None:
+            maxima = dict(up.uncounted().mapPartitionsWithIndex(part_max).collect())
+        before: dict[int, int | None] = {}
+        top_so_far = None
+        for i in sorted(maxima):
+            before[i] = top_so_far
+            if maxima[i] is not None and (top_so_far is None or maxima[i] > top_so_far):
+                top_so_far = maxima[i]
+        lag = policy_factory().lag
+
+        def tag(i: int, it: Iterator) -> Iterator:
+            top = before.get(i)
+            top = NO_WATERMARK if top is None else top
+            for chunk in it:
+                tss, xs = read_times(chunk)
+                if not tss:
+                    continue
+                wms, top = watermarks_before(tss, top, lag, step)
+                yield tss, wms, xs
+        columns = up.chunks(counters).mapPartitionsWithIndex(tag, preservesPartitioning=True)
+        return StageOut(columns.map(_rows, preservesPartitioning=True), timestamped=True,
+                        ordered=True, columns=columns)
+
+    # --- keyed and aggregating ---------------------------------------------------------------
+
+    def _AggregateTransform(self, t: AggregateTransform) -> StageOut:
+        up = self.outs[id(t.upstream[0])]
+        op, key_fn = t.op, t.key_fn
+        create, combine, finish = op.create, op.combine, op.finish
+        timed = up.timed
+        chunks = up.chunks(self.counters)
+        if op.can_combine and key_fn is not None:
+            # each task accumulates its chunks per key (one accumulate_grouped per chunk) and
+            # shuffles one partial accumulator per key; the partials are combined by key
+            def partial(it: Iterator) -> Iterator:
+                table: dict = {}
+                for chunk in it:
+                    items = [e[2] for e in chunk] if timed else chunk
+                    op.accumulate_grouped(table, map(key_fn, items), items)
+                return iter(table.items())
+            res = chunks.mapPartitions(partial).reduceByKey(combine, self.partitions)
+            return StageOut(res.mapPartitions(
+                lambda it: chunked((k, finish(a)) for k, a in it)))
+        if op.can_combine:
+            # keyless: one partial per task that saw items, and a marker that makes the
+            # result of no items that of create()
+            def partial_all(it: Iterator) -> Iterator:
+                acc = _MISSING
+                for chunk in it:
+                    items = [e[2] for e in chunk] if timed else chunk
+                    acc = op.accumulate_all(create() if acc is _MISSING else acc, items)
+                if acc is not _MISSING:
+                    yield 0, acc
+            marker = _EmptyMarker()
+            pairs = chunks.mapPartitions(partial_all).union(self.sc.parallelize([(0, marker)], 1))
+
+            def first(a: Any) -> Any:
+                return create() if isinstance(a, _EmptyMarker) else a
+
+            def add(a: Any, b: Any) -> Any:
+                return a if isinstance(b, _EmptyMarker) else combine(a, b)
+
+            def merge(a: Any, b: Any) -> Any:
+                return combine(a, b)
+            res = pairs.combineByKey(first, add, merge, 1)
+            return StageOut(res.map(lambda ka: [finish(ka[1])]))
+        # no combine: every item of a key in one task, in order
+        accumulate = op.accumulate
+        rows = self._by_key_sorted(up, key_fn, by_time=False)
+
+        def agg(it: Iterator) -> Iterator:
+            accs: dict = {}
+            for _, e in it:
+                x = e[2] if timed else e
+                k = key_fn(x) if key_fn is not None else None
+                accs[k] = accumulate(accs[k] if k in accs else create(), x)
+            for k, a in accs.items():
+                yield (k, finish(a)) if key_fn is not None else finish(a)
+        res = rows.mapPartitions(agg)
+        if key_fn is None:
+            marker = _EmptyMarker()
+            res = res.map(lambda r: (0, r)).union(self.sc.parallelize([(0, marker)], 1)) \
+                .groupByKey(1).flatMap(lambda kv: [r for r in kv[1]
+                                                   if not isinstance(r, _EmptyMarker)]
+                                       or [finish(create())])
+        return StageOut(self._results(res))
+
+    def _DistinctTransform(self, t: DistinctTransform) -> StageOut:
+        up = self.outs[id(t.upstream[0])]
+        key_fn, timed = t.key_fn, up.timed
+
+        def firsts_of_task(i: int, it: Iterator) -> Iterator:
+            # the first item of each key in this task, with its position
+            seen: dict = {}
+            j = 0
+            for chunk in it:
+                for e in chunk:
+                    x = e[2] if timed else e
+                    k = key_fn(x) if key_fn is not None else x
+                    if k not in seen:
+                        seen[k] = ((i, j), x)
+                    j += 1
+            return iter(seen.items())
+        # the first item of each key in source order, as the member keeps the first it sees
+        firsts = up.chunks(self.counters).mapPartitionsWithIndex(firsts_of_task) \
+            .reduceByKey(lambda a, b: a if a[0] <= b[0] else b, self.partitions)
+        if self.export_state:
+            name = t.name
+            self.state_rdds.append(firsts.map(lambda kv: (name, kv[0], True)))
+        return StageOut(self._results(firsts.map(lambda kv: kv[1][1])))
+
+    def _SortTransform(self, t: SortTransform) -> StageOut:
+        up = self.outs[id(t.upstream[0])]
+        key, reverse, timed = t.key, t.reverse, up.timed
+        rows = self._positions(up)
+
+        def item(row: tuple) -> Any:
+            return row[1][2] if timed else row[1]
+        # equal items keep their source order, as Python's stable sort does (also reversed)
+        if reverse:
+            def sort_key(row: tuple) -> Any:
+                x = item(row)
+                i, j = row[0]
+                return (key(x) if key is not None else x), (-i, -j)
+            ordered = rows.sortBy(sort_key, ascending=False)
+        else:
+            ordered = rows.sortBy(lambda row: (key(item(row)) if key is not None
+                                               else item(row), row[0]))
+        return StageOut(self._results(ordered.map(item)), ordered=True)
+
+    def _HashJoinTransform(self, t: HashJoinTransform) -> StageOut:
+        stream = self.outs[id(t.upstream[0])]
+        build = self.outs[id(t.upstream[1])]
+        key_fn, bk, bv, join_fn, outer = (t.key_fn, t.build_key_fn, t.build_value_fn,
+                                          t.join_fn, t.outer)
+        s_timed, b_timed = stream.timed, build.timed
+        b = self._positions(build).map(
+            lambda row: (lambda x: (bk(x), (row[0], bv(x))))(row[1][2] if b_timed else row[1]))
+        s = self._positions(stream).map(
+            lambda row: (lambda x: (key_fn(x), (row[0], x)))(row[1][2] if s_timed else row[1]))
+
+        def join(kv: tuple) -> Iterator:
+            _, (items, values) = kv
+            matches = [v for _, v in sorted(values, key=lambda pv: pv[0])]
+            for _, x in sorted(items, key=lambda px: px[0]):
+                if matches:
+                    for m in matches:
+                        r = join_fn(x, m)
+                        if r is not None:
+                            yield r
+                elif outer:
+                    r = join_fn(x, None)
+                    if r is not None:
+                        yield r
+        return StageOut(self._results(s.cogroup(b, self.partitions).flatMap(join)))
+
+    def _RollingAggregateTransform(self, t: RollingAggregateTransform) -> StageOut:
+        up = self.outs[id(t.upstream[0])]
+        op, key_fn, name, export, timed = t.op, t.key_fn, t.name, self.export_state, up.timed
+        rows = self._by_key_sorted(up, key_fn)
+        tagged = rows.mapPartitions(lambda it: keyed.rolling(it, op, key_fn, name, export,
+                                                             timed))
+        return StageOut(self._split(name, tagged), timed=timed, timestamped=up.timestamped,
+                        kafka=up.kafka, cut=up.cut)
+
+    def _MapStatefulTransform(self, t: MapStatefulTransform) -> StageOut:
+        up = self.outs[id(t.upstream[0])]
+        args = (t.create_fn, t.map_fn, t.key_fn, up.timestamped, t.ttl, t.on_evict, t.name,
+                not up.kafka, up.cut, self.export_state)
+        counters, timed = self.counters, up.timed
+
+        def late(n: int) -> None:
+            counters.add({"late_events": n})
+        rows = self._by_key_sorted(up, t.key_fn)
+        tagged = rows.mapPartitions(lambda it: keyed.map_stateful(it, *args, late=late,
+                                                                  timed=timed))
+        out = self._split(t.name, tagged)
+        if self.export_state and up.kafka and up.cut is None:
+            self.driver_state.append((t.name, BroadcastKey("map-stateful-watermark"),
+                                      NO_WATERMARK))
+        return StageOut(out, timed=timed, timestamped=up.timestamped, kafka=up.kafka,
+                        cut=up.cut)
+
+    # --- windows -----------------------------------------------------------------------------
+
+    def _WindowAggregateTransform(self, t: WindowAggregateTransform) -> StageOut:
+        ups = [self.outs[id(u)] for u in t.upstream]
+        for u, up in zip(t.upstream, ups):
+            if not up.timestamped:
+                raise PipelineError(f"stage {t.name!r}: its input {u.name!r} has no "
+                                    "timestamps; call with_timestamps() before windowing")
+        self.window_stages += 1
+        wdef, ops, key_fns, name = t.wdef, t.ops, t.key_fns, t.name
+        session = wdef.is_session
+        slide, size, gap = wdef.slide, wdef.size, wdef.gap
+        kafka = any(u.kafka for u in ups)
+        cuts = [u.cut for u in ups if u.cut is not None]
+        wm = min(cuts) if kafka and cuts else None
+        # a window stage's watermark: the frame the watermark is in (sliding), itself (session)
+        cut = None if wm is None else (wm if session else wm - wm % slide)
+        counters = self.counters
+        export = self.export_state and cut is not None
+        # an event is late when it is before the watermark's frame (sliding) or the watermark
+        # (session) it met
+        floor = 1 if session else slide
+
+        def late(n: int) -> None:
+            counters.add({"late_events": n})
+
+        if t.side_sink is not None:
+            def late_items(it: Iterator) -> Iterator:
+                for chunk in it:
+                    for ts, w, x in chunk:
+                        if w is not None and ts < w - w % floor:
+                            yield x
+            lates = [up.uncounted().mapPartitions(late_items) for up in ups]
+            self.side[id(t)] = lates[0] if len(lates) == 1 else self.sc.union(lates)
+        keyed_stage = key_fns is not None
+        two_stage = not session and all(op.can_combine for op in ops) \
+            and (not wdef.early_results_period or len(ops) > 1)
+        if two_stage:
+            # each task accumulates its events per (key, frame), a chunk per call; the partial
+            # accumulators go by key to the task that combines them and emits the key's windows
+            n = len(ops)
+            op = ops[0] if n == 1 else composite_operation(ops)
+            parts = []
+            for i, up in enumerate(ups):
+                kf = key_fns[i] if keyed_stage else None
+                columnar = up.columns is not None
+                if columnar:  # counted as the chain would count the rows
+                    keys = tuple(k for _, k in up.chain if k is not None)
+                    chunks = up.columns.mapPartitions(
+                        lambda it, keys=keys: _count_columns(it, keys, counters),
+                        preservesPartitioning=True)
+                else:
+                    chunks = up.chunks(counters)
+                parts.append(chunks.mapPartitions(
+                    lambda it, kf=kf, i=i, columnar=columnar: keyed.frame_partials(
+                        it, ops[i], kf, slide, i, n, late, columnar)))
+            pairs = parts[0] if n == 1 else self.sc.union(parts)
+            combine = op.combine
+
+            def windows(it: Iterator) -> Iterator:
+                for k, frames in keyed.merge_frames(it, ops, combine).items():
+                    yield from keyed.frame_windows(k, frames, op, size, slide,
+                                                   keyed_stage, cut, name, n, export)
+            tagged = pairs.partitionBy(self.partitions).mapPartitions(windows)
+        else:
+            op = ops[0]
+            kf = key_fns[0] if keyed_stage else None
+
+            def drop_late(chunk: list) -> list:
+                kept = [e for e in chunk if e[1] is None or e[0] >= e[1] - e[1] % floor]
+                if len(kept) < len(chunk):
+                    late(len(chunk) - len(kept))
+                return kept
+            rows = self._by_key_sorted(ups[0].then((drop_late, None)), kf)
+            if session:
+                tagged = rows.mapPartitions(lambda it: keyed.sessions(
+                    it, op, kf, gap, cut, name, export))
+            else:
+                tagged = rows.mapPartitions(lambda it: keyed.sliding_no_combine(
+                    it, op, kf, size, slide, cut, name, export))
+        if export:
+            for vertex, k, v in keyed.window_watermark_entries(name, cut, slide, two_stage,
+                                                               session):
+                self.driver_state.append((vertex, k, v))
+        results = self._split(name, tagged)
+        if t.post is not None:
+            post = t.post
+            results = results.map(lambda chunk: [y for r in chunk for y in post(r)])
+        return StageOut(results, kafka=kafka, cut=wm)
+
+    def _CustomTransform(self, t: CustomTransform) -> StageOut:  # pragma: no cover
+        raise PipelineError(f"stage {t.name!r}: custom_transform cannot run on Spark")
+
+    # --- sinks -------------------------------------------------------------------------------
+
+    def _write(self, t: SinkTransform, chunks: Any) -> int:
+        """Writes the items of ``chunks`` (an RDD of lists of items) to the sink of ``t``."""
+        spec = t.sink.spec
+        kind = spec["kind"]  # type: ignore[index]
+        if kind == "files":
+            import os
+            directory, encoding = spec["directory"], spec["encoding"]  # type: ignore[index]
+            os.makedirs(directory, exist_ok=True)
+
+            def write(i: int, it: Iterator) -> Iterator:
+                n = 0
+                with open(os.path.join(directory, str(i)), "w", encoding=encoding) as f:
+                    for chunk in it:
+                        f.write("".join([f"{x}\n" for x in chunk]))
+                        n += len(chunk)
+                yield n
+            return chunks.mapPartitionsWithIndex(write).sum()
+        if kind == "kafka":
+            import uuid
+
+            from jetwake.connectors.spark.kafka_io import write_partition
+            fmt = spec["format"]  # type: ignore[index]
+            txn = f"jetwake-backfill-{uuid.uuid4().hex[:12]}-{t.name}" \
+                if spec["exactly_once"] else None  # type: ignore[index]
+            return chunks.mapPartitionsWithIndex(lambda i, it: [write_partition(
+                i, it, fmt, f"{txn}-{i}" if txn else None)]).sum()
+        if kind == "noop":
+            return chunks.map(len).sum()
+        if kind == "logger":
+            to_string, level = spec["to_string"], spec["level"]  # type: ignore[index]
+
+            def log_all(it: Iterator) -> Iterator:
+                logger = logging.getLogger("jetwake.sink.logger")
+                n = 0
+                for chunk in it:
+                    for x in chunk:
+                        logger.log(level, to_string(x))
+                    n += len(chunk)
+                yield n
+            return chunks.mapPartitions(log_all).sum()
+        # a member's list or map: written through its API, chunk by chunk, in partition order
+        n = 0
+        if kind == "list":
+            target = self.member.get_list(spec["name"])  # type: ignore[index]
+            commit = getattr(target, "commit", None)
+            if commit is None:
+                raise PipelineError(f"sink stage {t.name!r}: the member's list "
+                                    f"{spec['name']!r} cannot be appended to through "  # type: ignore[index]
+                                    f"{type(self.member).__name__}")
+            # each chunk a commit of this run's writer: a request the client sends again
+            # (after a lost connection) is applied once
+            import uuid
+            writer = f"backfill-{uuid.uuid4().hex[:12]}-{t.name}"
+            for chunk in chunks.toLocalIterator(prefetchPartitions=True):
+                if chunk:
+                    n += len(chunk)
+                    commit(chunk, writer, n)
+            return n
+        target = self.member.get_map(spec["name"])  # type: ignore[index]
+        kf, vf, merge = spec["key_fn"], spec["value_fn"], spec["merge_fn"]  # type: ignore[index]
+        entries = chunks.map(lambda chunk: [(kf(x), vf(x)) for x in chunk] if kf is not None
+                             else [tuple(x) for x in chunk])
+        for chunk in entries.toLocalIterator(prefetchPartitions=True):
+            if not chunk:
+                continue
+            if merge is not None:
+                for k, v in chunk:
+                    target.merge(k, v, merge)
+            else:
+                target.put_all(chunk)
+            n += len(chunk)
+        return n
+
+
+class _EmptyMarker:
+    """Stands for "no items" in a keyless aggregation (its result is then that of create())."""
+
+
+_MISSING = object()
+_TS = itemgetter(0)
+_ITEM = itemgetter(2)
+_INTS = {int}
+
+
+def _rows(columns: tuple) -> list:
+    """A chunk of ``(ts, wm, item)`` from its three lists."""
+    return list(zip(*columns))
+
+
+def _count_columns(chunks: Iterator, keys: tuple, counters: Any) -> Iterator:
+    """Chunks of ``(times, watermarks, items)`` passed on, each counted under ``keys``."""
+    n = 0
+    try:
+        for chunk in chunks:
+            n += len(chunk[0])
+            yield chunk
+    finally:
+        if n and keys:
+            counters.add({k: n for k in keys})
+
+
+def _file_groups(paths: list[str], n: int) -> list[list[str]]:
+    """``paths`` (in order) cut into at most ``n`` runs of about the same number of bytes."""
+    import os
+    sizes = []
+    for path in paths:
+        try:
+            sizes.append(max(1, os.path.getsize(path)))
+        except OSError:  # not visible here (a cluster's own storage): count it as one
+            sizes.append(1)
+    n = max(1, min(n, len(paths)))
+    total = sum(sizes)
+    groups: list[list[str]] = [[]]
+    done = 0
+    for path, size in zip(paths, sizes):
+        # a new run when this file lies mostly past the current run's share of the bytes
+        if groups[-1] and len(groups) < n and done + size / 2 >= total * len(groups) / n:
+            groups.append([])
+        groups[-1].append(path)
+        done += size
+    return groups
+
+
+def _dumps(chunk: list) -> bytes:
+    """A chunk pickled (by value, through cloudpickle, when plain pickle cannot)."""
+    try:
+        return pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - lambdas, local classes: what Spark itself pickles
+        import cloudpickle
+        return cloudpickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _loads_all(blobs: list) -> Iterator[list]:
+    return map(pickle.loads, blobs)
+
+
+def _local_maxima(parts: list, fn: Callable[[Any], Any] | None) -> dict | None:
+    """The highest timestamp of each partition's items, read on the driver that holds them
+    (cheaper than a Spark pass over them); None when a timestamp cannot be read there (the
+    Spark pass then routes or reports the item). The last partition's is not needed (only
+    the partitions after one use its maximum): None."""
+    if fn is None:
+        return None
+    maxima: dict = {len(parts) - 1: None}
+    try:
+        for i, part in enumerate(parts[:-1]):
+            tss = list(map(fn, part))
+            if tss and set(map(type, tss)) != _INTS:
+                return None
+            maxima[i] = max(tss, default=None)
+    except Exception:  # noqa: BLE001 - left to the Spark pass
+        return None
+    return maxima
+
+
+def _none_lowest(x: Any) -> Any:
+    return NO_WATERMARK if x is None else x
+
+
+def _first(k: tuple) -> int:
+    return k[0]

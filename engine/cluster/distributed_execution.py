@@ -1,0 +1,282 @@
+"""The coordinator's view of one execution that runs on every member of the cluster.
+
+:class:`DistributedExecution` stands where a single member's ``Execution`` stands for the job
+coordinator: it has ended when every member's share has ended, it failed when any share
+failed (the others are then cancelled), and cancelling it cancels every share.
+
+:class:`DistributedSnapshot` stands where a member's ``SnapshotContext`` stands: it runs the two
+phases on every member, in parallel:
+
+1. every member starts phase 1 (sources save their position and emit the barrier, which crosses
+   the network edges in-band and is aligned there under exactly-once);
+2. the coordinator waits until every member's processors saved their state and each member
+   synced its part of the snapshot and copied it where every member can read it; the parts are
+   merged into one commit record (:class:`ClusterSnapshotWriter`);
+3. the job coordinator writes the commit record: the commit point, for the whole cluster;
+4. phase 2 reaches every member (commit, or roll back when a member failed phase 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+from jetwake.engine.core.errors import JetwakeError, RestartableError
+from jetwake.snapshot.store.snapshot_store import (
+    COMMIT_FILE, FORMAT_FRAMED, CommitRecord, SnapshotStore, write_atomically,
+)
+
+__all__ = ["DistributedExecution", "DistributedSnapshot", "ClusterSnapshotWriter",
+           "MemberExecutionError"]
+
+log = logging.getLogger("jetwake.cluster")
+
+# what a member's call may take beyond the phase's own timeout (the network, syncing files)
+_CALL_MARGIN_S = 30.0
+
+
+class MemberExecutionError(JetwakeError):
+    """A member's share of an execution failed; the message names the member, the processor
+    and the original error."""
+
+
+Call = Callable[[str, str, list, float], Any]
+
+
+class DistributedExecution:
+    """One execution across ``members`` (ids, in member-index order)."""
+
+    def __init__(self, name: str, exec_key: str, members: list[str], call: Call,
+                 on_end: Callable[["DistributedExecution"], None],
+                 local_tasklets: Callable[[], list]) -> None:
+        self.name = name
+        self.exec_key = exec_key
+        self.members = list(members)
+        self._call = call
+        self._on_end = on_end
+        self._local_tasklets = local_tasklets
+        self._remaining = set(members)
+        self._lock = threading.Lock()
+        self.cancelled = False
+        self.error: BaseException | None = None
+        self.error_tasklet: str | None = None
+        self.finished = threading.Event()
+        self.snapshot: DistributedSnapshot | None = None
+        #: called with a member found out of reach while the execution was being stopped
+        self.on_member_lost: Callable[[str], None] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=max(2, len(members)),
+                                        thread_name_prefix=f"jetwake-exec-{name}")
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Runs ``fn`` on the execution's threads (or a thread of its own once the execution
+        has ended and its threads are gone)."""
+        try:
+            return self._pool.submit(fn, *args)
+        except RuntimeError:
+            future: Future = Future()
+
+            def run() -> None:
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as e:  # noqa: BLE001 - handed to the waiter
+                    future.set_exception(e)
+            threading.Thread(target=run, daemon=True).start()
+            return future
+
+    @property
+    def tasklets(self) -> list:
+        """This member's processors of the execution (metrics look at them)."""
+        return self._local_tasklets()
+
+    def all_members(self, method: str, args: "list | Callable[[int], list]",
+                    timeout: float) -> dict[str, Any]:
+        """Calls ``method`` on every member in parallel (``args``, or ``args(member_index)``
+        when each member gets its own); member id -> result, or the exception it raised."""
+        futures: dict[str, Future] = {
+            m: self.submit(self._call, m, method, args(i) if callable(args) else args, timeout)
+            for i, m in enumerate(self.members)}
+        out: dict[str, Any] = {}
+        for m, f in futures.items():
+            try:
+                out[m] = f.result(timeout + _CALL_MARGIN_S)
+            except BaseException as e:  # noqa: BLE001 - the caller decides
+                out[m] = e
+        return out
+
+    def start(self) -> None:
+        """Starts every member's share; a member that cannot start fails the execution."""
+        for m, result in self.all_members("exec.start", [self.exec_key], 30.0).items():
+            if isinstance(result, BaseException):
+                self.member_ended({"member": m, "error": f"{type(result).__name__}: {result}",
+                                   "error_type": type(result).__name__, "restartable": True,
+                                   "error_tasklet": None, "cancelled": False})
+
+    def fail(self, tasklet: Any, error: BaseException) -> None:
+        with self._lock:
+            if self.error is None and not self.cancelled:
+                self.error = error
+                self.error_tasklet = getattr(tasklet, "name", None)
+        self.cancel()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self.cancelled:
+                return
+            self.cancelled = True
+            remaining = list(self._remaining)
+        for m in remaining:
+            self.submit(self._cancel_on, m)
+
+    def _cancel_on(self, member: str) -> None:
+        try:
+            self._call(member, "exec.cancel", [self.exec_key], 10.0)
+        except Exception as e:  # noqa: BLE001 - a member out of reach ends by itself
+            log.warning("cancelling %s on member %s failed: %s", self.exec_key, member, e)
+            if getattr(e, "restartable", False):
+                # out of reach (its process is gone, most likely): its share is counted as
+                # ended now, so the job restarts without waiting for Kafka to drop the member;
+                # if it still runs, it stops when it learns its execution is no longer current
+                if self.on_member_lost is not None:
+                    self.on_member_lost(member)
+                else:
+                    self.member_left(member)
+
+    def member_ended(self, info: dict) -> None:
+        """A member's share ended (reported by the member, or decided here when the member is
+        gone)."""
+        member = info["member"]
+        error = None
+        if info.get("cancelled") and not info.get("error") and not self.cancelled:
+            # stopped on the member's side (it is shutting down): the job must run again
+            info = {**info, "error": "its share of the execution was stopped",
+                    "restartable": True}
+        if info.get("error"):
+            where = f" in {info['error_tasklet']}" if info.get("error_tasklet") else ""
+            text = f"on member {member}{where}: {info['error']}"
+            error = RestartableError(text) if info.get("restartable") \
+                else MemberExecutionError(text)
+        with self._lock:
+            if member not in self._remaining:
+                return
+            self._remaining.discard(member)
+            if error is not None and self.error is None and not self.cancelled:
+                self.error = error
+                self.error_tasklet = info.get("error_tasklet") or f"member {member}"
+            first_stop = (error is not None or info.get("cancelled")) and not self.cancelled
+            last = not self._remaining
+        if first_stop:
+            self.cancel()
+        if last:
+            self.finished.set()
+            self._pool.shutdown(wait=False)
+            self._on_end(self)
+
+    def member_left(self, member: str) -> None:
+        """A member of the execution left the cluster: its share is gone."""
+        self.member_ended({"member": member, "restartable": True, "cancelled": False,
+                           "error": f"member {member} left the cluster",
+                           "error_tasklet": None})
+
+
+class ClusterSnapshotWriter:
+    """The coordinator's writer of a cluster-wide snapshot: the members' parts are merged in
+    (:meth:`add_part`) and :meth:`commit` writes the commit record, locally and through
+    ``publish`` (where every member can read it)."""
+
+    def __init__(self, store: SnapshotStore, job_id: str, job_name: str, snapshot_id: int,
+                 terminal: bool, publish: Callable[[CommitRecord], None]) -> None:
+        self.store = store
+        self.record = CommitRecord(job_id, job_name, snapshot_id, time.time(), 0.0,
+                                   terminal=terminal, format=FORMAT_FRAMED)
+        self._publish = publish
+        self._started = time.perf_counter()
+
+    def add_part(self, member: str, part: CommitRecord, refs: dict) -> None:
+        self.record.merge_part(part, member, refs)
+
+    def commit(self) -> CommitRecord:
+        rec = self.record
+        rec.duration_ms = (time.perf_counter() - self._started) * 1000
+        self._publish(rec)  # the commit point: raises when this coordinator was deposed
+        if self.store.root is not None:
+            directory = self.store._snap_dir(rec.job_id, rec.snapshot_id)
+            os.makedirs(directory, exist_ok=True)
+            write_atomically(os.path.join(directory, COMMIT_FILE), rec.to_json().encode())
+        return rec
+
+    def abort(self) -> None:
+        """Nothing to drop here: each member drops its part when phase 2 says it failed."""
+
+
+class DistributedSnapshot:
+    """The coordinator's side of the snapshot protocol of a :class:`DistributedExecution`
+    (the interface of a member's SnapshotContext that the job coordinator uses)."""
+
+    def __init__(self, execution: DistributedExecution) -> None:
+        self.execution = execution
+        self._writer: ClusterSnapshotWriter | None = None
+        self._phase2: dict[str, Future] | None = None
+        self.phase1_failure: str | None = None
+
+    def attach(self, tasklets: list) -> None:
+        """Nothing to attach: the members' processors are attached to their own contexts."""
+
+    def request(self, snapshot_id: int, writer: ClusterSnapshotWriter, terminal: bool) -> None:
+        self._writer = writer
+        self.phase1_failure = None
+        ex = self.execution
+        results = ex.all_members("exec.snapshot", [ex.exec_key, snapshot_id, terminal], 30.0)
+        failed = {m: r for m, r in results.items() if isinstance(r, BaseException)}
+        if failed:
+            self.phase1_failure = "; ".join(f"{m}: {e}" for m, e in failed.items())
+
+    def wait_phase1(self, snapshot_id: int, timeout: float,
+                    cancelled: Callable[[], bool]) -> bool:
+        """True when every member finished phase 1 and shared its part."""
+        if self.phase1_failure is not None:
+            log.warning("snapshot %d of %s failed to start: %s", snapshot_id,
+                        self.execution.name, self.phase1_failure)
+            return False
+        ex = self.execution
+        results = ex.all_members("exec.phase1", [ex.exec_key, snapshot_id, timeout], timeout)
+        writer = self._writer
+        ok = True
+        for m, r in results.items():
+            if isinstance(r, BaseException) or not r.get("ok"):
+                ok = False
+                why = r if isinstance(r, BaseException) else r.get("why")
+                log.warning("snapshot %d of %s: phase 1 failed on member %s: %s", snapshot_id,
+                            ex.name, m, why)
+                continue
+            if writer is not None:
+                writer.add_part(m, CommitRecord.from_json(r["part"]), r.get("refs") or {})
+        return ok and not cancelled()
+
+    def start_phase2(self, snapshot_id: int, success: bool) -> None:
+        ex = self.execution
+        self._writer = None
+        self._phase2 = {m: ex.submit(ex._call, m, "exec.phase2",
+                                           [ex.exec_key, snapshot_id, success, _PHASE2_S],
+                                           _PHASE2_S)
+                        for m in ex.members}
+
+    def wait_phase2(self, snapshot_id: int, timeout: float,
+                    cancelled: Callable[[], bool]) -> bool:
+        futures, self._phase2 = self._phase2 or {}, None
+        ok = True
+        end = time.monotonic() + timeout
+        for m, f in futures.items():
+            try:
+                ok = bool(f.result(max(0.0, end - time.monotonic()))) and ok
+            except BaseException as e:  # noqa: BLE001
+                log.warning("snapshot %d of %s: phase 2 failed on member %s: %s", snapshot_id,
+                            self.execution.name, m, e)
+                ok = False
+        return ok and not cancelled()
+
+
+_PHASE2_S = 120.0

@@ -1,0 +1,301 @@
+"""The member side of a job that runs across the cluster: this member's share of an execution.
+
+The coordinator of a job drives each execution on every member through these calls (Jet's
+init, start and snapshot operations), each answered by the member's participant:
+
+``init``
+    Compile the job, build this member's processors with the cluster's member list (global
+    processor indices, partitions spread over members, distributed edges over the network),
+    restore the snapshot it names, initialize the processors. Nothing runs yet, so no packet
+    can reach a member whose receiving queues are not registered.
+``start``
+    Run the processors on the member's execution service.
+``snapshot`` / ``phase1`` / ``phase2``
+    The member's part of the two-phase snapshot: start phase 1 with a writer of the member's
+    part; wait until its processors saved their state, sync the part and copy it where every
+    member can read it; then commit (or roll back) and wait for phase 2.
+``cancel``
+    Stop the processors.
+
+When the member's processors have all ended it tells the coordinator how (``exec.ended``),
+whatever the reason; the coordinator decides what the job does next.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+import cloudpickle
+
+from jetwake.engine.core.errors import RestartableError, is_restartable_cause
+from jetwake.engine.execution.execution_service import Execution
+from jetwake.engine.execution.plan import PlanContext, build_tasklets
+from jetwake.engine.cluster.snapshot_data_topic import files_under
+from jetwake.engine.jobs.job_config import JobConfig
+from jetwake.engine.jobs.job_coordinator import compile_definition, state_factory
+from jetwake.snapshot.protocol.fault_injection import crash_point
+from jetwake.snapshot.protocol.restore import restore_state
+from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
+from jetwake.snapshot.store.snapshot_store import CommitRecord, SnapshotWriter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jetwake.engine.cluster.network_edges import EdgeTransport
+    from jetwake.engine.jobs.member import Member
+
+__all__ = ["ExecutionParticipant"]
+
+log = logging.getLogger("jetwake.cluster")
+
+
+class _RemoteEnds:
+    """The network ends of one execution's distributed edges (see plan.RemoteEdges)."""
+
+    def __init__(self, edges: "EdgeTransport", exec_key: str,
+                 members: list[tuple[str, str]]) -> None:
+        self.edges = edges
+        self.exec_key = exec_key
+        self.members = members
+
+    def outbound(self, edge_index: int, src: int, dst: int, dst_member: int) -> Any:
+        member_id, address = self.members[dst_member]
+        return self.edges.remote_queue(self.exec_key, (edge_index, src, dst), member_id, address)
+
+    def inbound(self, edge_index: int, src: int, dst: int, src_member: int) -> Any:
+        return self.edges.inbound_queue(
+            self.exec_key, (edge_index, src, dst),
+            f"{self.exec_key}/{edge_index}[{src}@{self.members[src_member][0]}->{dst}]")
+
+
+class _LocalExecution:
+    """This member's share of one execution."""
+
+    def __init__(self, exec_key: str, job_id: str, job_name: str, coordinator: str,
+                 config: JobConfig) -> None:
+        self.exec_key = exec_key
+        self.job_id = job_id
+        self.job_name = job_name
+        self.coordinator = coordinator  # member id the end is reported to
+        self.config = config
+        self.execution: Execution | None = None
+        self.snapshot: SnapshotContext | None = None
+        self.writer: SnapshotWriter | None = None
+        self.started = False
+
+
+class ExecutionParticipant:
+    """Runs this member's share of cluster-wide executions. ``report(member_id, payload)``
+    delivers an execution's end to the member that coordinates it."""
+
+    def __init__(self, member: "Member", member_id: str, edges: "EdgeTransport",
+                 report: Callable[[str, dict], None],
+                 share_part: Callable[[str, list[str], str], dict] | None = None) -> None:
+        self.member = member
+        self.member_id = member_id
+        self.edges = edges
+        self._report = report
+        # copies a snapshot part's files where every member can read them: (directory,
+        # relative paths, key prefix) -> where they are
+        self._share_part = share_part
+        self._executions: dict[str, _LocalExecution] = {}
+        # executions that ended lately: a snapshot in progress still completes on them
+        self._recently_ended: dict[str, _LocalExecution] = {}
+        self._lock = threading.Lock()
+        self.calls: dict[str, Callable[..., Any]] = {
+            "exec.init": self.init, "exec.start": self.start, "exec.snapshot": self.snapshot,
+            "exec.phase1": self.phase1, "exec.phase2": self.phase2,
+            "exec.cancel": self.cancel, "exec.forget_job": self.forget_job,
+        }
+
+    def _get(self, exec_key: str) -> _LocalExecution:
+        with self._lock:
+            ex = self._executions.get(exec_key) or self._recently_ended.get(exec_key)
+        if ex is None:
+            raise RestartableError(f"member {self.member_id} has no execution {exec_key} (it "
+                                   "ended, or the member restarted)")
+        return ex
+
+    def running(self) -> list[_LocalExecution]:
+        with self._lock:
+            return list(self._executions.values())
+
+    def tasklets_of_execution(self, exec_key: str) -> list:
+        """This member's processors of an execution (for metrics); empty once it ended."""
+        with self._lock:
+            ex = self._executions.get(exec_key) or self._recently_ended.get(exec_key)
+        return list(ex.execution.tasklets) if ex is not None and ex.execution else []
+
+    # --- the calls ---------------------------------------------------------------------------
+
+    def init(self, exec_key: str, job_id: str, job_name: str, definition: bytes, config: dict,
+             default_parallelism: int, members: list, member_index: int, coordinator: str,
+             restore: str | None, restore_desc: str, execution_count: int) -> dict:
+        """Builds, restores and initializes this member's processors (see the module doc)."""
+        cfg = JobConfig.from_dict(config)
+        dag = compile_definition(cloudpickle.loads(definition), default_parallelism)
+        members = [tuple(m) for m in members]
+        ex = _LocalExecution(exec_key, job_id, job_name, coordinator, cfg)
+        store = self.member.snapshot_store
+        rec = CommitRecord.from_json(restore) if restore else None
+        reader = store.reader(rec) if rec is not None else None
+        if reader is not None:
+            reader.verify()  # raises SnapshotDamagedError: the coordinator tries an older one
+        restored_id = rec.snapshot_id if rec is not None and rec.name is None else -1
+        snapshot = SnapshotContext(restored_id, store.staging_dir(job_id, execution_count)) \
+            if cfg.snapshots_enabled else None
+        ctx = PlanContext(
+            job_id=job_id, job_name=job_name, processing_guarantee=cfg.processing_guarantee,
+            default_parallelism=default_parallelism, member=self.member,
+            member_index=member_index, member_count=len(members), snapshot=snapshot,
+            state_factory=state_factory(self.member.data_dir, job_id, cfg, exec_key),
+            state_backend=cfg.state_backend,
+            snapshot_interval_ms=cfg.snapshot_interval_ms if cfg.snapshots_enabled else 0,
+            remote=_RemoteEnds(self.edges, exec_key, members) if len(members) > 1 else None)
+        tasklets = build_tasklets(dag, ctx)
+        initialized = []
+        try:
+            for t in tasklets:
+                initialized.append(t)
+                t.init()
+            if reader is not None:
+                restore_state(tasklets, reader, restore_desc)
+        except BaseException:
+            for t in initialized:
+                try:
+                    t.close()
+                except Exception:  # noqa: BLE001 - the first error is the one to report
+                    log.exception("closing %s after a failed start", t.name)
+            self.edges.release(exec_key)
+            self._remove_state(job_id, exec_key)
+            raise
+        ex.snapshot = snapshot
+        ex.execution = Execution(job_name, tasklets, lambda e: self._ended(ex), snapshot)
+        if snapshot is not None:
+            snapshot.attach(tasklets)
+        with self._lock:
+            self._executions[exec_key] = ex
+        return {"processors": len(tasklets)}
+
+    def start(self, exec_key: str) -> None:
+        ex = self._get(exec_key)
+        ex.started = True
+        self.member.execution_service.submit(ex.execution)
+
+    def snapshot(self, exec_key: str, snapshot_id: int, terminal: bool) -> None:
+        """Starts phase 1 of snapshot ``snapshot_id`` on this member."""
+        ex = self._get(exec_key)
+        if ex.snapshot is None:
+            raise RestartableError(f"execution {exec_key} takes no snapshots")
+        writer = self.member.snapshot_store.writer(ex.job_id, ex.job_name, snapshot_id,
+                                                   terminal)
+        ex.writer = writer
+        ex.snapshot.request(snapshot_id, writer, terminal)
+
+    def phase1(self, exec_key: str, snapshot_id: int, timeout: float) -> dict:
+        """Waits for this member's phase 1; then syncs its part of the snapshot and shares
+        it. ``{"ok": False}`` when it did not complete in time or the execution stopped."""
+        ex = self._get(exec_key)
+        execution, snap, writer = ex.execution, ex.snapshot, ex.writer
+        if snap is None or writer is None or writer.record.snapshot_id != snapshot_id:
+            return {"ok": False, "why": f"snapshot {snapshot_id} was not requested here"}
+        if not snap.wait_phase1(snapshot_id, timeout, lambda: execution.cancelled):
+            return {"ok": False, "why": f"phase 1 did not complete on {self.member_id}"}
+        crash_point("member-phase1")
+        part = writer.finish_part()
+        refs: dict = {}
+        if self._share_part is not None and writer.directory is not None:
+            paths = files_under(writer.directory, os.listdir(writer.directory))
+            if paths:
+                refs = self._share_part(writer.directory, paths,
+                                        f"{ex.job_id}/{snapshot_id}/{self.member_id}")
+        return {"ok": True, "part": part.to_json(), "refs": refs}
+
+    def phase2(self, exec_key: str, snapshot_id: int, success: bool, timeout: float) -> bool:
+        """Commits (or rolls back) this member's part; True when every processor finished
+        phase 2 in time."""
+        ex = self._get(exec_key)
+        snap, execution = ex.snapshot, ex.execution
+        if snap is None:
+            return True
+        if success:
+            crash_point("member-before-phase2")
+        writer, ex.writer = ex.writer, None
+        snap.start_phase2(snapshot_id, success)
+        crash_point("member-phase2")
+        if not success and writer is not None and writer.record.snapshot_id == snapshot_id:
+            writer.abort()
+        done = snap.wait_phase2(snapshot_id, timeout, lambda: execution.cancelled)
+        if success:
+            # the previous snapshot stays (a restore may fall back to it), older ones go
+            remove = getattr(self.member.snapshot_store, "remove_local_before", None)
+            if remove is not None:
+                remove(ex.job_id, snapshot_id - 1)
+        return done
+
+    def cancel(self, exec_key: str) -> None:
+        with self._lock:
+            ex = self._executions.get(exec_key)
+        if ex is None or ex.execution is None:
+            return
+        if not ex.started:
+            # initialized but never started: close here, nothing else will
+            with self._lock:
+                self._executions.pop(exec_key, None)
+            for t in ex.execution.tasklets:
+                try:
+                    t.close()
+                except Exception:  # noqa: BLE001
+                    log.exception("closing %s", t.name)
+            self.edges.release(exec_key)
+            self._remove_state(ex.job_id, exec_key)
+            return
+        ex.execution.cancel()
+
+    def forget_job(self, job_id: str) -> None:
+        """The job ended for good: drops this member's copies of its snapshots."""
+        remove = getattr(self.member.snapshot_store, "remove_local_job", None)
+        if remove is not None:
+            remove(job_id)
+
+    def cancel_all(self) -> None:
+        """Stops every execution (the member is shutting down)."""
+        for ex in self.running():
+            self.cancel(ex.exec_key)
+
+    # --- the end -----------------------------------------------------------------------------
+
+    def _ended(self, ex: _LocalExecution) -> None:
+        with self._lock:
+            self._executions.pop(ex.exec_key, None)
+            self._recently_ended[ex.exec_key] = ex
+            while len(self._recently_ended) > _KEEP_ENDED:
+                self._recently_ended.pop(next(iter(self._recently_ended)))
+        execution = ex.execution
+        err = execution.error if execution is not None else None
+        self.edges.release(ex.exec_key)
+        self._remove_state(ex.job_id, ex.exec_key)
+        payload = {
+            "exec_key": ex.exec_key, "member": self.member_id,
+            "cancelled": bool(execution.cancelled) if execution is not None else True,
+            "error": None if err is None else f"{type(err).__name__}: {err}",
+            "error_type": None if err is None else type(err).__name__,
+            "restartable": err is not None and (isinstance(err, RestartableError)
+                                                or is_restartable_cause(err)),
+            "error_tasklet": execution.error_tasklet if execution is not None else None,
+        }
+        try:
+            self._report(ex.coordinator, payload)
+        except Exception:  # noqa: BLE001 - the coordinator notices the member otherwise
+            log.warning("member %s could not report the end of %s to %s", self.member_id,
+                        ex.exec_key, ex.coordinator, exc_info=True)
+
+    def _remove_state(self, job_id: str, exec_key: str) -> None:
+        if self.member.data_dir is not None:
+            shutil.rmtree(os.path.join(self.member.data_dir, "state", job_id, exec_key),
+                          ignore_errors=True)
+
+
+_KEEP_ENDED = 16

@@ -1,0 +1,168 @@
+"""``jetwake backfill FILE.py``: runs a pipeline file on Spark (docs/backfill.md).
+
+    jetwake backfill FILE.py [--master URL] [--until latest|TIMESTAMP_MS|offsets.json]
+        [--export-snapshot NAME [--data-dir DIR]] [--conf key=value ...] [-- ARGS]
+
+The pipeline is built here, as for ``submit``, and run by a SparkRunner in this process. A
+pipeline that reads or writes a member's maps and lists reaches the member at ``--address``.
+``--export-snapshot`` writes the hand-off snapshot on the member that will run the streaming
+job, through its service at ``--address`` (a ``write_snapshot`` request), or, with
+``--data-dir``, straight into that member's data directory on this host; ``JobConfig(
+initial_snapshot_name=NAME)`` / ``jetwake submit --from-snapshot NAME`` finds it there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from jetwake.engine.server.cli.errors import EXIT_UNREACHABLE, EXIT_USAGE, CliError
+from jetwake.engine.server.cli.pipeline_files import load_pipeline
+
+__all__ = ["add_backfill_parser", "cmd_backfill"]
+
+
+def add_backfill_parser(sub: Any, formatter: Any,
+                        common: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the ``backfill`` command to the ``jetwake`` parser (``common``: the connection
+    options, for a pipeline that uses a member's maps and lists)."""
+    p = sub.add_parser(
+        "backfill", help="run the pipeline of FILE.py on Spark (a backfill)",
+        description="Run the pipeline of FILE.py on Spark: Kafka sources read from their start "
+                    "up to --until; with --export-snapshot the state a streaming job would hold "
+                    "there is written as a snapshot it can start from.",
+        epilog="examples:\n  jetwake backfill clicks.py --master local[*] --until latest "
+               "--export-snapshot clicks-backfill --address 127.0.0.1:5701\n"
+               "  jetwake backfill clicks.py --export-snapshot clicks-backfill --data-dir ./data",
+        formatter_class=formatter, parents=[common])
+    p.add_argument("file", metavar="FILE.py", help="defines `pipeline` or `pipeline(args)`")
+    p.add_argument("--master", default="local[*]",
+                   help="a Spark master URL: local[*], local[2], spark://host:7077 "
+                        "(default: local[*])")
+    p.add_argument("--until", default="latest",
+                   help="where Kafka sources stop: latest (their end offsets now), a timestamp "
+                        "in ms, or a JSON file of {topic: {partition: offset}}")
+    p.add_argument("--export-snapshot", metavar="NAME",
+                   help="write the hand-off snapshot under this name on the member at "
+                        "--address (or into --data-dir)")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="write the snapshot into this data directory of the member that will "
+                        "run the streaming job, on this host, instead of through --address")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting (repeatable), e.g. --conf spark.executor.memory=4g")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_backfill)
+    return p
+
+
+class _StoreHolder:
+    """The part of a member a hand-off snapshot needs: its snapshot store, opened on the data
+    directory of a member on this host (the member reads exports from disk when a job asks)."""
+
+    def __init__(self, data_dir: str) -> None:
+        from jetwake.snapshot.store.snapshot_store import SnapshotStore
+        self.snapshot_store = SnapshotStore(data_dir)
+
+
+class _MemberAndStore:
+    """A Client for maps and lists, with the snapshot store of the member's data directory."""
+
+    def __init__(self, client: Any, data_dir: str | None) -> None:
+        self._client = client
+        if data_dir is not None:
+            self.snapshot_store = _StoreHolder(data_dir).snapshot_store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def _conf(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip():
+            raise CliError(f"--conf {pair!r}: expected KEY=VALUE, e.g. "
+                           "spark.executor.memory=4g", EXIT_USAGE)
+        out[key.strip()] = value
+    return out
+
+
+def _needs_member(pipeline: Any) -> bool:
+    for t in getattr(pipeline, "transforms", []):
+        spec = getattr(getattr(t, "source", None), "spec", None) or \
+            getattr(getattr(t, "sink", None), "spec", None)
+        if spec and spec.get("kind") in ("map", "list"):
+            return True
+    return False
+
+
+def _client(args: argparse.Namespace, for_snapshot: bool) -> Any:
+    """A client of the member at ``--address``; when it is there for the snapshot, a member
+    that does not answer fails naming the other way to hand off."""
+    from jetwake.engine.server.cli.connection import connect
+    from jetwake.engine.server.client import MemberUnreachableError
+    try:
+        return connect(args)
+    except MemberUnreachableError as e:
+        if not for_snapshot:
+            raise
+        raise CliError(f"--export-snapshot writes the snapshot on the member that will run the "
+                       f"streaming job, and no member answers at --address: {e}. Start it "
+                       f"(jetwake member start), pass its --address, or write into its data "
+                       f"directory on this host with --data-dir DIR", EXIT_UNREACHABLE) from None
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from jetwake.connectors.spark import SparkRunner
+    from jetwake.engine.pipeline.pipeline import Pipeline
+
+    conf = _conf(args.conf)
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        raise CliError(f"--data-dir {args.data_dir}: no such directory", EXIT_USAGE)
+    pipeline = load_pipeline(args.file, getattr(args, "job_args", []))
+    if not isinstance(pipeline, Pipeline):
+        raise CliError(f"{args.file}: a backfill runs a Pipeline, not a "
+                       f"{type(pipeline).__name__}", EXIT_USAGE)
+    full = os.path.abspath(args.file)
+    module = next((m for m in list(sys.modules.values())
+                   if getattr(m, "__file__", None) == full), None)
+    member: Any = None
+    through_service = args.export_snapshot is not None and args.data_dir is None
+    if _needs_member(pipeline) or through_service:
+        member = _client(args, through_service)
+        if args.data_dir is not None:
+            member = _MemberAndStore(member, args.data_dir)
+    elif args.data_dir is not None:
+        member = _StoreHolder(args.data_dir)
+    runner = SparkRunner(master=args.master, conf=conf)
+    try:
+        if module is not None:  # the file's functions travel by value to the Spark workers
+            from pyspark import cloudpickle as spark_cloudpickle
+            spark_cloudpickle.register_pickle_by_value(module)
+        result = runner.run(pipeline, until=args.until, export_snapshot=args.export_snapshot,
+                            member=member)
+    except ImportError as e:  # pyspark missing: one line, not a traceback
+        raise CliError(str(e)) from None
+    finally:
+        runner.stop()
+    doc = {"offsets": {t: {str(p): o for p, o in ps.items()}
+                       for t, ps in result.offsets.items()},
+           "watermark": result.watermark, "counters": result.counters,
+           "snapshot": result.snapshot, "seconds": round(result.seconds, 3)}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"backfill done in {result.seconds:.1f} s on {args.master}")
+    for name, c in result.counters["stages"].items():
+        print(f"  {name}: {c['items_in']} in, {c['items_out']} out")
+    for topic, parts in sorted(result.offsets.items()):
+        print(f"  {topic}: stopped at " + ", ".join(f"{p}:{o}" for p, o in sorted(parts.items())))
+    if result.watermark is not None:
+        print(f"  windows closed up to {result.watermark}")
+    if result.snapshot:
+        print(f"  snapshot {result.snapshot!r} written: start the streaming job with "
+              f"JobConfig(initial_snapshot_name={result.snapshot!r})")
+    return 0

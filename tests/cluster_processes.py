@@ -1,0 +1,177 @@
+"""Real member processes forming a cluster through the test broker, for the cluster tests.
+
+``ClusterProcesses`` starts ``jetwake member start --cluster NAME --kafka ...`` processes on
+free loopback ports, each with its own data directory and log file, waits until the cluster
+shows them, runs CLI commands against any of them, and stops every process it started (SIGKILL
+after a grace period), whatever the test did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from jetwake import Client
+from waiting import wait_until
+
+TOKEN = "cluster-test-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ClusterMemberProcess:
+    """One ``jetwake member start --cluster`` process; its log goes to a file."""
+
+    def __init__(self, root: Path, index: int, cluster: str, bootstrap: str, token: str,
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 log_name: str | None = None) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.data_dir = root / f"member-{index}"
+        self.log_path = root / (log_name or f"member-{index}.log")
+        self.token = token
+        cmd = [sys.executable, "-m", "jetwake.engine.server.cli", "member", "start",
+               "--cluster", cluster, "--kafka", bootstrap, "--data-dir", str(self.data_dir),
+               "--port", str(self.port), "--token", token, "--cooperative-threads", "1",
+               "--local-parallelism", "1", "--scale-up-delay", "1000", *extra]
+        self._log = open(self.log_path, "w")
+        base = {k: v for k, v in os.environ.items() if not k.startswith("JETWAKE_")}
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**base, **(env or {})})
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ready(self) -> bool:
+        if not self.alive():
+            raise AssertionError(f"member exited with {self.proc.returncode}:\n{self.log}")
+        try:
+            Client(self.address, token=self.token).close()
+            return True
+        except Exception:  # noqa: BLE001 - not listening yet
+            return False
+
+    def client(self) -> Client:
+        return Client(self.address, token=self.token)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait(10)
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+
+class ClusterProcesses:
+    """Member processes of one fresh cluster (see the module doc)."""
+
+    def __init__(self, root: Path, bootstrap: str, token: str = TOKEN) -> None:
+        self.root = root
+        self.bootstrap = bootstrap
+        self.token = token
+        self.name = f"c{uuid.uuid4().hex[:10]}"
+        self.members: list[ClusterMemberProcess] = []
+
+    def start(self, count: int, timeout: float = 60.0) -> list[ClusterMemberProcess]:
+        """Starts ``count`` members and waits until the cluster lists all of them."""
+        new = [self.start_member() for _ in range(count)]
+        wait_until(lambda: all(m.ready() for m in new), "every member serving clients",
+                   timeout)
+        expected = len([m for m in self.members if m.alive()])
+        wait_until(lambda: len(self.cluster(new[0])["members"]) == expected,
+                   f"the cluster showing {expected} members", timeout, interval=0.2)
+        return new
+
+    def start_member(self, *extra: str, token: str | None = None, cluster: str | None = None,
+                     env: dict[str, str] | None = None) -> ClusterMemberProcess:
+        m = ClusterMemberProcess(self.root, len(self.members), cluster or self.name,
+                                 self.bootstrap, token or self.token, extra, env)
+        self.members.append(m)
+        return m
+
+    def revive(self, dead: ClusterMemberProcess, *extra: str) -> ClusterMemberProcess:
+        """Starts a member again on the data directory of ``dead`` (which has exited)."""
+        assert not dead.alive(), "revive() is for a member whose process has ended"
+        index = self.members.index(dead)
+        m = ClusterMemberProcess(self.root, index, self.name, self.bootstrap, self.token,
+                                 extra, log_name=f"member-{index}-again-{len(self.members)}.log")
+        self.members.append(m)
+        return m
+
+    def cluster(self, member: ClusterMemberProcess) -> dict:
+        with member.client() as c:
+            return c.cluster()
+
+    def coordinator(self, via: ClusterMemberProcess | None = None
+                    ) -> ClusterMemberProcess | None:
+        """The coordinator as member ``via`` (default: the first live one) sees it; None
+        while there is none, or it does not answer."""
+        via = via or next(m for m in self.members if m.alive())
+        info = self.cluster(via)
+        by_address = {m.address: m for m in self.members}
+        found = [i for i in info["members"] if i["coordinator"]]
+        if not found or found[0].get("state") != "ACTIVE":
+            return None
+        return by_address.get(found[0]["address"])
+
+    def cli(self, member: ClusterMemberProcess, *args: str, timeout: float = 120.0,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JETWAKE_")}
+        env["JETWAKE_ADDRESS"] = member.address
+        env["JETWAKE_TOKEN"] = member.token
+        return subprocess.run([sys.executable, "-m", "jetwake.engine.server.cli", *args],
+                              capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+    def cli_json(self, member: ClusterMemberProcess, *args: str) -> object:
+        r = self.cli(member, *args, "--json")
+        assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+        return json.loads(r.stdout)
+
+    def stop_all(self) -> None:
+        for m in self.members:
+            if m.alive():
+                m.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for m in self.members:
+            try:
+                m.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            m.kill()
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory, kafka_bootstrap: str):
+    """One three-member cluster shared by a test module whose tests only submit jobs to it
+    (import it into the module: ``from cluster_processes import three``)."""
+    c = ClusterProcesses(tmp_path_factory.mktemp("three"), kafka_bootstrap)
+    try:
+        c.start(3)
+        yield c
+    finally:
+        c.stop_all()

@@ -1,0 +1,330 @@
+"""Members fail and the cluster carries on: a member SIGKILLed in the middle of an
+exactly-once Kafka job, and the coordinator itself; the job goes on from its last snapshot on
+the survivors and a read_committed consumer sees every output record exactly once."""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cluster_processes import ClusterProcesses
+from test_cluster_jobs import _Output, _produce, _running_sums, _sums_job_file, _topic
+from waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.faults]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, kafka_bootstrap: str):
+    c = ClusterProcesses(tmp_path, kafka_bootstrap)
+    yield c
+    c.stop_all()
+
+
+def _by_key(records: list[tuple[str, int]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for k, v in records:
+        out.setdefault(k, []).append(v)
+    return out
+
+
+@pytest.mark.parametrize("victim", ["member", "coordinator"])
+def test_a_killed_member_s_job_goes_on_from_the_last_snapshot_on_the_survivors_exactly_once(
+        cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str, victim: str) -> None:
+    members = cluster.start(3)
+    source, sink = _topic(kafka_bootstrap), _topic(kafka_bootstrap)
+    first = [(f"k{i % 19}", i) for i in range(2000)]
+    second = [(f"k{i % 19}", i) for i in range(2000, 4000)]
+    _produce(kafka_bootstrap, source, first)
+    coordinator = cluster.coordinator()
+    submit_to = next(m for m in members if m is not coordinator)
+    job = cluster.cli_json(submit_to, "submit",
+                           str(_sums_job_file(tmp_path, kafka_bootstrap, source, sink)),
+                           "--name", "sums", "--guarantee", "exactly_once",
+                           "--snapshot-interval", "200")
+    out = _Output(kafka_bootstrap, sink)
+    wait_until(lambda: out.has(len(first)), "the first sums", 60, interval=0)
+    wait_until(lambda: (cluster.cli_json(submit_to, "status", job["id"])
+                        .get("snapshot_count") or 0) >= 2, "two snapshots", 30, interval=0.2)
+    dead = coordinator if victim == "coordinator" else \
+        next(m for m in members if m is not coordinator and m is not submit_to)
+    dead.proc.send_signal(signal.SIGKILL)
+    dead.proc.wait(10)
+    survivor = next(m for m in members if m is not dead)
+    _produce(kafka_bootstrap, source, second)
+    wait_until(lambda: out.has(len(first) + len(second)),
+               "the sums after the member loss", 120, interval=0)
+    out.drain()
+    status = cluster.cli_json(survivor, "status", job["id"])
+    out.close()
+    assert status["status"] == "RUNNING"
+    # the job went on before Kafka dropped the dead member; the cluster shows it gone soon
+    wait_until(lambda: len(cluster.cluster(survivor)["members"]) == 2,
+               "the cluster to show two members", 30, interval=0.3)
+    assert len(out.records) == len(first) + len(second), "a record was written twice"
+    assert _by_key(out.records) == _running_sums(first + second)
+
+
+def _submit_sums(cluster: ClusterProcesses, member, tmp_path: Path, bootstrap: str,
+                 source: str, sink: str, *flags: str) -> dict:
+    return cluster.cli_json(member, "submit",
+                            str(_sums_job_file(tmp_path, bootstrap, source, sink)),
+                            "--name", "sums", "--guarantee", "exactly_once",
+                            "--snapshot-interval", "200", *flags)
+
+
+def _status(cluster: ClusterProcesses, member, job_id: str) -> dict:
+    return cluster.cli_json(member, "status", job_id)
+
+
+class _SumsRun:
+    """A Kafka -> rolling sum per key -> Kafka exactly-once job submitted to ``member``, fed
+    ``count`` events over ``keys`` keys, with a read_committed reader of what it wrote;
+    returns once the first sums arrived."""
+
+    def __init__(self, cluster: ClusterProcesses, member, tmp_path: Path, bootstrap: str,
+                 keys: int, *flags: str, count: int = 1000) -> None:
+        self.cluster, self.bootstrap, self.keys = cluster, bootstrap, keys
+        self.source, sink = _topic(bootstrap), _topic(bootstrap)
+        self.events: list[tuple[str, int]] = []
+        self.feed(count)
+        self.job = _submit_sums(cluster, member, tmp_path, bootstrap, self.source, sink, *flags)
+        self.out = _Output(bootstrap, sink)
+        self.wait_for_all("the first sums", 60)
+
+    def feed(self, count: int) -> None:
+        """Writes the next ``count`` events to the source topic."""
+        start = len(self.events)
+        batch = [(f"k{i % self.keys}", i) for i in range(start, start + count)]
+        _produce(self.bootstrap, self.source, batch)
+        self.events += batch
+
+    def wait_for_all(self, what: str, timeout: float) -> None:
+        wait_until(lambda: self.out.has(len(self.events)), what, timeout, interval=0)
+
+    def status(self, member) -> dict:
+        return _status(self.cluster, member, self.job["id"])
+
+    def assert_exactly_once(self) -> None:
+        """Reads what is still coming, then: every sum once, each key's sums exact."""
+        self.out.drain()
+        self.out.close()
+        assert len(self.out.records) == len(self.events), "a record was written twice"
+        assert _by_key(self.out.records) == _running_sums(self.events)
+
+
+def test_with_split_brain_protection_a_job_waits_without_a_quorum_and_resumes_when_a_member_returns(
+        cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
+    members = cluster.start(3)
+    coordinator = cluster.coordinator()
+    run = _SumsRun(cluster, coordinator, tmp_path, kafka_bootstrap, 7,
+                   "--split-brain-protection", count=500)
+    for m in members:
+        if m is not coordinator:
+            m.proc.send_signal(signal.SIGKILL)
+            m.proc.wait(10)
+    wait_until(lambda: run.status(coordinator)["status"] == "NOT_RUNNING",
+               "the job to stop without a quorum", 60, interval=0.3)
+    assert "quorum of 2" in (run.status(coordinator)["failure"] or "")
+    run.feed(500)
+    cluster.start(1)  # two members again: a quorum
+    run.wait_for_all("the sums after the quorum is back", 120)
+    run.assert_exactly_once()
+    assert run.status(coordinator)["status"] == "RUNNING"
+
+def test_without_auto_scaling_losing_a_member_suspends_the_job(
+        cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
+    members = cluster.start(2)
+    source, sink = _topic(kafka_bootstrap), _topic(kafka_bootstrap)
+    _produce(kafka_bootstrap, source, [("k", 1)])
+    coordinator = cluster.coordinator()
+    job = _submit_sums(cluster, coordinator, tmp_path, kafka_bootstrap, source, sink,
+                       "--no-auto-scaling")
+    out = _Output(kafka_bootstrap, sink)
+    wait_until(lambda: out.has(1), "the first sum", 60, interval=0)
+    out.close()
+    other = next(m for m in members if m is not coordinator)
+    other.proc.send_signal(signal.SIGKILL)
+    other.proc.wait(10)
+    wait_until(lambda: _status(cluster, coordinator, job["id"])["status"] == "SUSPENDED",
+               "the job to be suspended", 60, interval=0.3)
+
+
+def test_a_member_that_joins_is_used_after_the_scale_up_delay(
+        cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
+    cluster.start(2)
+    coordinator = cluster.coordinator()
+    run = _SumsRun(cluster, coordinator, tmp_path, kafka_bootstrap, 11)
+    (newcomer,) = cluster.start(1)
+    # the coordinator's scale-up delay is 1 s in these tests (ClusterProcesses starts members
+    # with --scale-up-delay 1000)
+    wait_until(lambda: any(m["address"] == newcomer.address and m["jobs"] >= 1
+                           for m in cluster.cluster(newcomer)["members"]),
+               "the new member to run its share of the job", 60, interval=0.3)
+    assert run.status(coordinator)["restart_count"] >= 1
+    run.feed(1000)
+    run.wait_for_all("the sums on three members", 60)
+    run.assert_exactly_once()
+
+def test_a_member_stopped_gracefully_hands_its_work_over_through_a_terminal_snapshot(
+        cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
+    members = cluster.start(3)
+    coordinator = cluster.coordinator()
+    run = _SumsRun(cluster, coordinator, tmp_path, kafka_bootstrap, 13)
+    before = run.status(coordinator)["snapshot_count"]
+    leaving = next(m for m in members if m is not coordinator)
+    assert leaving.stop() == 0
+    assert "handed its share of 1 job(s) over" in leaving.log
+    # the terminal snapshot taken for the hand-over
+    assert run.status(coordinator)["snapshot_count"] > before
+    run.feed(1000)
+    run.wait_for_all("the sums on two members", 60)
+    run.assert_exactly_once()
+
+def test_a_coordinator_paused_past_the_session_timeout_is_deposed_and_rejoins_as_a_member(
+        cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
+    members = cluster.start(3)
+    old = cluster.coordinator()
+    other = next(m for m in members if m is not old)
+    run = _SumsRun(cluster, other, tmp_path, kafka_bootstrap, 5)
+    old.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: cluster.coordinator(via=other) not in (old, None),
+                   "another coordinator", 60, interval=0.5)
+        new = cluster.coordinator(via=other)
+        wait_until(lambda: run.status(new)["status"] == "RUNNING",
+                   "the job to run under the new coordinator", 60, interval=0.3)
+    finally:
+        old.proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: "is no longer the coordinator" in old.log, "the old coordinator to "
+               "step down", 60, interval=0.3)
+    wait_until(lambda: len(cluster.cluster(new)["members"]) == 3, "the old coordinator back "
+               "as a member", 60, interval=0.3)
+    infos = [cluster.cluster(m) for m in members]
+    assert {i["coordinator"] for i in infos} == {infos[0]["coordinator"]}
+    run.feed(1000)
+    run.wait_for_all("the sums after the pause", 120)
+    run.assert_exactly_once()
+
+@pytest.mark.parametrize("point,where", [
+    ("member-phase1", "member"),          # before phase 1 ends
+    ("member-before-phase2", "member"),   # between the commit record and phase 2
+    ("member-phase2", "member"),          # during phase 2
+    ("snapshot-phase1", "coordinator"),
+    ("after-commit-record", "coordinator"),
+    ("member-phase2", "coordinator"),     # the coordinator's own share, during phase 2
+])
+def test_a_member_killed_at_each_point_of_the_snapshot_protocol_loses_and_duplicates_nothing(
+        cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str, point: str,
+        where: str) -> None:
+    crash = {"JETWAKE_CRASH_AT": f"{point}:3"}  # the third time: two snapshots went well
+    if where == "coordinator":  # the oldest member coordinates: start it first
+        victim = cluster.start_member(env=crash)
+        wait_until(victim.ready, "the first member to serve", 30)
+        wait_until(lambda: len(cluster.cluster(victim)["members"]) == 1, "it to join", 30)
+        cluster.start(2)
+        assert cluster.coordinator() is victim
+    else:
+        cluster.start(2)
+        victim = cluster.start_member(env=crash)
+        wait_until(victim.ready, "the third member to serve", 30)
+        wait_until(lambda: len(cluster.cluster(victim)["members"]) == 3, "three members", 30)
+    source, sink = _topic(kafka_bootstrap), _topic(kafka_bootstrap)
+    first = [(f"k{i % 17}", i) for i in range(1500)]
+    _produce(kafka_bootstrap, source, first)
+    survivor = next(m for m in cluster.members if m is not victim)
+    job = _submit_sums(cluster, survivor, tmp_path, kafka_bootstrap, source, sink)
+    victim.proc.wait(90)  # it kills itself at the crash point
+    assert victim.proc.returncode == -signal.SIGKILL
+    second = [(f"k{i % 17}", i) for i in range(1500, 3000)]
+    _produce(kafka_bootstrap, source, second)
+    out = _Output(kafka_bootstrap, sink)
+    wait_until(lambda: out.has(len(first) + len(second)), f"every sum after a kill at {point}",
+               120, interval=0)
+    out.drain()
+    out.close()
+    assert _status(cluster, survivor, job["id"])["status"] == "RUNNING"
+    assert len(out.records) == len(first) + len(second), "a record was written twice"
+    assert _by_key(out.records) == _running_sums(first + second)
+
+
+def test_map_contents_and_journal_positions_survive_a_member_loss(
+        cluster: ClusterProcesses, tmp_path: Path) -> None:
+    members = cluster.start(3)
+    coordinator = cluster.coordinator()
+    others = [m for m in members if m is not coordinator]
+    with others[0].client() as client:
+        client.get_map("in").put_all({i: i * 10 for i in range(500)})
+    src = tmp_path / "journal.py"
+    src.write_text(textwrap.dedent("""
+        from jetwake import Pipeline, Sinks, Sources
+        pipeline = Pipeline()
+        events = pipeline.read_from(Sources.map_journal("in", start="oldest"))
+        events.write_to(Sinks.list("seen"))
+        events.write_to(Sinks.map("copy"))
+    """))
+    job = cluster.cli_json(others[0], "submit", str(src), "--name", "journal", "--guarantee",
+                           "exactly_once", "--snapshot-interval", "200")
+    with coordinator.client() as client:
+        wait_until(lambda: len(client.get_list("seen")) >= 500, "the first 500 events", 60,
+                   interval=0.2)
+        wait_until(lambda: (_status(cluster, coordinator, job["id"])["snapshot_count"] or 0)
+                   >= 2, "two snapshots", 30, interval=0.2)
+    # the journal is read by processor 0, on the member with the smallest id: kill that one
+    info = cluster.cluster(coordinator)
+    first_id = min(m["id"] for m in info["members"])
+    address = next(m["address"] for m in info["members"] if m["id"] == first_id)
+    victim = next(m for m in members if m.address == address)
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    survivor = next(m for m in members if m is not victim)
+    with survivor.client() as client:
+        client.get_map("in").put_all({i: i * 10 for i in range(500, 1000)})
+    with survivor.client() as client:
+        wait_until(lambda: len(client.get_list("seen")) >= 1000, "every event after the loss",
+                   120, interval=0.2)
+        seen = list(client.get_list("seen"))
+        copy = client.get_map("copy").to_dict()
+    assert sorted(tuple(e) for e in seen) == [(i, i * 10) for i in range(1000)], \
+        "an event was lost or seen twice"
+    assert copy == {i: i * 10 for i in range(1000)}
+    other = next(m for m in members if m is not victim and m is not survivor)
+    with other.client() as client:  # the same from another member
+        assert client.get_map("copy").to_dict() == copy
+
+
+def test_the_coordinator_then_another_member_killed_return_and_the_job_scales_back_up(
+        cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
+    members = cluster.start(3)
+    source, sink = _topic(kafka_bootstrap), _topic(kafka_bootstrap)
+    batches = [[(f"k{i % 23}", i) for i in range(n, n + 800)] for n in range(0, 3200, 800)]
+    _produce(kafka_bootstrap, source, batches[0])
+    first_coordinator = cluster.coordinator()
+    last = next(m for m in members if m is not first_coordinator)
+    job = _submit_sums(cluster, last, tmp_path, kafka_bootstrap, source, sink)
+    out = _Output(kafka_bootstrap, sink)
+    wait_until(lambda: out.has(800), "the first sums", 60, interval=0)
+    first_coordinator.proc.send_signal(signal.SIGKILL)  # the coordinator
+    first_coordinator.proc.wait(10)
+    _produce(kafka_bootstrap, source, batches[1])
+    wait_until(lambda: out.has(1600), "the sums after the coordinator's loss", 120, interval=0)
+    second = next(m for m in members if m is not first_coordinator and m is not last)
+    second.proc.send_signal(signal.SIGKILL)  # then another member: one is left
+    second.proc.wait(10)
+    _produce(kafka_bootstrap, source, batches[2])
+    wait_until(lambda: out.has(2400), "the sums on the last member", 120, interval=0)
+    back = [cluster.revive(first_coordinator), cluster.revive(second)]
+    wait_until(lambda: all(m.ready() for m in back), "the killed members to serve again", 60)
+    wait_until(lambda: len(cluster.cluster(last)["members"]) == 3
+               and all((m["jobs"] or 0) >= 1 for m in cluster.cluster(last)["members"]),
+               "the job to scale back up to three members", 90, interval=0.5)
+    _produce(kafka_bootstrap, source, batches[3])
+    wait_until(lambda: out.has(3200), "the sums on three members again", 120, interval=0)
+    out.drain()
+    out.close()
+    assert _status(cluster, last, job["id"])["status"] == "RUNNING"
+    assert len(out.records) == 3200, "a record was written twice"
+    assert _by_key(out.records) == _running_sums([e for b in batches for e in b])

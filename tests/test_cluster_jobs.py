@@ -1,0 +1,337 @@
+"""A cluster of real member processes runs each job on every member: a batch word count and a
+Kafka -> rolling sum -> Kafka exactly-once job give the one-member results; every job command
+works from any member; light jobs; members with another token or cluster name are refused."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
+from waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+
+WORDS = [f"w{(i * 7919) % 211}" for i in range(20_000)]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, kafka_bootstrap: str):
+    c = ClusterProcesses(tmp_path, kafka_bootstrap)
+    yield c
+    c.stop_all()
+
+
+def _word_count_file(tmp: Path, out_dir: Path) -> Path:
+    path = tmp / f"wc_{uuid.uuid4().hex[:6]}.py"
+    path.write_text(textwrap.dedent(f"""
+        from jetwake import AggregateOperations, Pipeline, Sinks, Sources
+        WORDS = {WORDS!r}
+        pipeline = Pipeline()
+        (pipeline.read_from(Sources.items(WORDS))
+            .map(lambda w: w.upper())
+            .group_by(lambda w: w).aggregate(AggregateOperations.counting())
+            .write_to(Sinks.files({str(out_dir)!r})))
+    """))
+    return path
+
+
+def _read_pairs(out_dir: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for f in out_dir.iterdir():
+        for line in f.read_text().splitlines():
+            word, count = eval(line)  # the file sink writes str(item) of (word, count) tuples
+            assert word not in out, f"{word} counted by two processors"
+            out[word] = count
+    return out
+
+
+def _expected_words() -> dict[str, int]:
+    return dict(Counter(w.upper() for w in WORDS))
+
+
+def test_a_batch_word_count_runs_on_every_member_and_equals_the_one_member_result(
+        three: ClusterProcesses, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    job = three.cli_json(three.members[1], "submit", str(_word_count_file(tmp_path, out_dir)),
+                         "--name", "wc")
+    wait_until(lambda: three.cli_json(three.members[2], "status", job["id"])["status"]
+               == "COMPLETED", "the word count to complete", 60, interval=0.2)
+    assert _read_pairs(out_dir) == _expected_words()
+    # every member wrote part of the result: the job ran on all three
+    writers = [f for f in out_dir.iterdir() if f.stat().st_size > 0]
+    assert len(writers) == 3
+
+
+def test_every_job_command_works_from_any_member_with_the_same_answers(
+        three: ClusterProcesses, tmp_path: Path) -> None:
+    a, b, c = three.members
+    src = tmp_path / "counter.py"
+    src.write_text(textwrap.dedent("""
+        from jetwake import Pipeline, Sinks, TestSources
+        pipeline = Pipeline()
+        (pipeline.read_from(TestSources.item_stream(200))
+            .map(lambda x: x).write_to(Sinks.noop()))
+    """))
+    job = three.cli_json(b, "submit", str(src), "--name", "counter", "--guarantee",
+                         "exactly_once", "--snapshot-interval", "200")
+    assert job["status"] == "RUNNING"
+    listed = [three.cli_json(m, "list-jobs") for m in (a, b, c)]
+    assert all(any(j["id"] == job["id"] for j in jobs) for jobs in listed)
+    statuses = [three.cli_json(m, "status", "counter") for m in (a, b, c)]
+    assert {s["id"] for s in statuses} == {job["id"]}
+    assert three.cli(c, "suspend", "counter").returncode == 0
+    assert three.cli_json(a, "status", "counter")["status"] == "SUSPENDED"
+    assert three.cli(a, "resume", "counter").returncode == 0
+    wait_until(lambda: three.cli_json(b, "status", "counter")["status"] == "RUNNING",
+               "the job to run again", 30, interval=0.2)
+    assert three.cli(b, "restart", "counter").returncode == 0
+    wait_until(lambda: three.cli_json(c, "status", "counter")["restart_count"] >= 1,
+               "the restart", 30, interval=0.2)
+    saved = three.cli(c, "save-snapshot", "counter", "counter-snap")
+    assert saved.returncode == 0, saved.stderr
+    names = [{s["name"] for s in three.cli_json(m, "list-snapshots")} for m in (a, b, c)]
+    assert all("counter-snap" in n for n in names)
+    assert three.cli(a, "cancel", "counter").returncode == 0
+    wait_until(lambda: three.cli_json(b, "status", "counter")["status"] == "FAILED",
+               "the job to end cancelled", 30, interval=0.2)
+
+
+def test_a_light_job_starts_on_every_member_and_is_listed_and_cancelled_from_any(
+        three: ClusterProcesses, tmp_path: Path) -> None:
+    a, b, c = three.members
+    src = tmp_path / "light.py"
+    src.write_text(textwrap.dedent("""
+        from jetwake import Pipeline, Sinks, TestSources
+        pipeline = Pipeline()
+        (pipeline.read_from(TestSources.item_stream(100))
+            .map(lambda x: x).write_to(Sinks.noop()))
+    """))
+    job = three.cli_json(c, "submit", str(src), "--light", "--name", "light-one")
+    assert job["light"] is True and job["status"] == "RUNNING"
+    for m in (a, b, c):
+        assert any(j["id"] == job["id"] for j in three.cli_json(m, "list-jobs"))
+    # it runs on every member, none of which keeps a record of it
+    info = three.cluster(a)
+    assert all(m["jobs"] >= 1 for m in info["members"])
+    assert three.cli(a, "cancel", job["id"]).returncode == 0
+    wait_until(lambda: three.cli_json(b, "status", job["id"])["status"] == "FAILED",
+               "the light job to end", 30, interval=0.2)
+
+
+def test_cluster_json_names_the_coordinator_the_quorum_and_every_member(
+        three: ClusterProcesses) -> None:
+    infos = [three.cli_json(m, "cluster") for m in three.members]
+    first = infos[0]
+    assert first["name"] == three.name
+    assert first["quorum"] == 2
+    assert sorted(m["address"] for m in first["members"]) == \
+        sorted(m.address for m in three.members)
+    assert sum(1 for m in first["members"] if m["coordinator"]) == 1
+    assert first["coordinator"] in {m["id"] for m in first["members"]}
+    assert all(m["state"] == "ACTIVE" for m in first["members"])
+    assert all(i["coordinator"] == first["coordinator"] for i in infos)
+
+
+def test_a_member_with_another_token_is_refused_with_the_reason_on_both_sides(
+        cluster: ClusterProcesses) -> None:
+    (first,) = cluster.start(1)
+    intruder = cluster.start_member(token="another-token")
+    code = intruder.proc.wait(60)
+    assert code != 0
+    assert "token" in intruder.log and "cannot join cluster" in intruder.log
+    wait_until(lambda: "token" in first.log and "refused" in first.log,
+               "the coordinator to log the refusal", 10)
+    assert len(cluster.cluster(first)["members"]) == 1
+
+
+def _topic(bootstrap: str, partitions: int = 3) -> str:
+    name = f"t{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
+    return name
+
+
+def test_kafka_rolling_sum_exactly_once_on_three_members_equals_the_one_member_result(
+        three: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
+    source, sink = _topic(kafka_bootstrap), _topic(kafka_bootstrap)
+    events = [(f"k{i % 17}", i) for i in range(3000)]
+    _produce(kafka_bootstrap, source, events)
+    job = three.cli_json(three.members[2], "submit",
+                         str(_sums_job_file(tmp_path, kafka_bootstrap, source, sink)),
+                         "--name", "sums", "--guarantee", "exactly_once",
+                         "--snapshot-interval", "300")
+    out = _Output(kafka_bootstrap, sink)
+    wait_until(lambda: out.has(len(events)), "every rolling sum in the sink topic", 90,
+               interval=0)
+    out.close()
+    three.cli(three.members[0], "cancel", job["id"])
+    by_key: dict[str, list[int]] = {}
+    for k, v in out.records:
+        by_key.setdefault(k, []).append(v)
+    assert len(out.records) == len(events)  # exactly once: nothing twice
+    assert by_key == _running_sums(events)  # the one-member result, key by key in order
+
+def _sums_job_file(tmp: Path, bootstrap: str, source: str, sink: str) -> Path:
+    src = tmp / f"sums_{uuid.uuid4().hex[:6]}.py"
+    src.write_text(textwrap.dedent(f"""
+        from jetwake import AggregateOperations, Pipeline, Sinks, Sources
+        props = {{"bootstrap.servers": {bootstrap!r}}}
+        pipeline = Pipeline()
+        (pipeline.read_from(Sources.kafka({source!r}, props, key_deserializer="str",
+                                          value_deserializer="json"))
+            .group_by(lambda kv: kv[0])
+            .rolling_aggregate(AggregateOperations.summing(lambda kv: kv[1]))
+            .write_to(Sinks.kafka({sink!r}, props, value_serializer="json",
+                                  key_serializer="str")))
+    """))
+    return src
+
+
+def _produce(bootstrap: str, topic: str, events: list[tuple[str, int]]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap})
+    for k, v in events:
+        p.produce(topic, key=k.encode(), value=json.dumps(v).encode())
+    p.flush(30)
+
+
+class _Output:
+    """A read_committed reader of the sink topic, accumulating what it has read."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                                  "auto.offset.reset": "earliest",
+                                  "isolation.level": "read_committed"})
+        self.consumer.subscribe([topic])
+        self.records: list[tuple[str, int]] = []
+
+    def has(self, count: int) -> bool:
+        for msg in self.consumer.consume(500, 0.2):
+            if msg.error() is None:
+                self.records.append((msg.key().decode(), json.loads(msg.value())))
+        return len(self.records) >= count
+
+    def drain(self) -> None:
+        """Reads until one second passes without a record: a duplicate written late (by a
+        restarted sink) would land in that second."""
+        while True:
+            batch = [m for m in self.consumer.consume(500, 1.0) if m.error() is None]
+            if not batch:
+                return
+            self.records.extend((m.key().decode(), json.loads(m.value())) for m in batch)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _running_sums(events: list[tuple[str, int]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    running: dict[str, int] = {}
+    for k, v in events:
+        running[k] = running.get(k, 0) + v
+        out.setdefault(k, []).append(running[k])
+    return out
+
+
+def test_a_snapshot_taken_on_three_members_restores_on_two_and_then_on_four(
+        cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
+    members = cluster.start(3)
+    source, sink = _topic(kafka_bootstrap), _topic(kafka_bootstrap)
+    batches = [[(f"k{i % 23}", i) for i in range(n, n + 1000)] for n in (0, 1000, 2000)]
+    _produce(kafka_bootstrap, source, batches[0])
+    job = cluster.cli_json(members[0], "submit", str(_sums_job_file(tmp_path, kafka_bootstrap,
+                                                                   source, sink)),
+                           "--name", "sums", "--guarantee", "exactly_once",
+                           "--snapshot-interval", "300")
+    out = _Output(kafka_bootstrap, sink)
+    wait_until(lambda: out.has(1000), "the first 1000 sums", 60, interval=0)
+    # suspended on three members: the terminal snapshot holds every key's sum
+    assert cluster.cli(members[1], "suspend", "sums").returncode == 0
+    coordinator = cluster.coordinator()
+    leaving = next(m for m in members if m is not coordinator)
+    assert leaving.stop() == 0
+    wait_until(lambda: len(cluster.cluster(coordinator)["members"]) == 2, "two members", 30,
+               interval=0.2)
+    _produce(kafka_bootstrap, source, batches[1])
+    assert cluster.cli(coordinator, "resume", "sums").returncode == 0
+    wait_until(lambda: out.has(2000), "the sums after resuming on two members", 60,
+               interval=0)
+    assert cluster.cli(coordinator, "suspend", "sums").returncode == 0
+    cluster.start(2)  # four members now
+    _produce(kafka_bootstrap, source, batches[2])
+    assert cluster.cli(coordinator, "resume", "sums").returncode == 0
+    wait_until(lambda: out.has(3000), "the sums after resuming on four members", 60,
+               interval=0)
+    status = cluster.cli_json(coordinator, "status", job["id"])
+    out.close()
+    assert len(out.records) == 3000  # nothing twice
+    by_key: dict[str, list[int]] = {}
+    for k, v in out.records:
+        by_key.setdefault(k, []).append(v)
+    assert by_key == _running_sums(batches[0] + batches[1] + batches[2])
+    assert status["status"] == "RUNNING"
+    assert len(cluster.cluster(coordinator)["members"]) == 4
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def test_a_slow_consumer_member_keeps_its_senders_memory_flat(
+        cluster: ClusterProcesses, tmp_path: Path) -> None:
+    """Both members produce 1 KB items for the second member's slow stage (about 1 ms an
+    item), ten times faster than it takes them: without flow control the first member would
+    pile up ~100 MB in 10 s (in its send queue or in the receiver's); it must be held back."""
+    members = cluster.start(2)
+    src = tmp_path / "slow.py"
+    src.write_text(textwrap.dedent("""
+        import time
+        from jetwake import Pipeline, Sinks, TestSources
+        from jetwake.engine.core.partitioning import member_partitions, partition_of
+
+        # keys of the second member's partitions only: the first member's source sends
+        # everything over the network, so nothing local slows it down but flow control
+        SECOND = set(member_partitions(1, 2))
+        KEYS = [k for k in range(2000) if partition_of(k) in SECOND][:50]
+
+        def slow(item):
+            time.sleep(0.001)
+            return item[0]
+
+        pipeline = Pipeline()
+        (pipeline.read_from(TestSources.item_stream(20_000))
+            .map(lambda e: (KEYS[e.sequence % len(KEYS)], "x" * 1024))
+            .rebalance(lambda kv: kv[0])
+            .map(slow)
+            .write_to(Sinks.noop()))
+    """))
+    job = cluster.cli_json(members[0], "submit", str(src), "--name", "slow")
+    pids = [m.proc.pid for m in members]
+    wait_until(lambda: all(m["jobs"] >= 1 for m in cluster.cluster(members[0])["members"]),
+               "the job to run on both members", 30, interval=0.2)
+    samples: list[list[float]] = []
+
+    def sampled_enough() -> bool:
+        samples.append([_rss_mb(p) for p in pids])
+        return len(samples) >= 40
+
+    wait_until(sampled_enough, "40 memory samples", 60, interval=0.25)  # ~10 s of running
+    cluster.cli(members[1], "cancel", job["id"])
+    offered_mb = 20_000 * 1024 * 10 / 1e6  # what the sources would emit unthrottled in 10 s
+    for i, pid in enumerate(pids):
+        after_warmup = [s[i] for s in samples[8:]]
+        growth = max(after_warmup) - min(after_warmup)
+        assert growth < 50, (f"member {pid}'s memory grew {growth:.0f} MB while the sources "
+                             f"offered up to {offered_mb:.0f} MB: {after_warmup}")

@@ -1,0 +1,452 @@
+"""A network partition cuts one member off while an exactly-once Kafka job runs on three.
+
+Each member runs in a network namespace of its own, joined to the host by a bridge where a
+Kafka broker of this module listens (tests/network_partition.py). A member is cut off from
+everything (Kafka and its peers) or only from its peers, with the quorum rule
+(split-brain protection) on or off; a read_committed consumer of the sink topic must see every
+rolling sum exactly once and exact, whatever the partition did. The broker is the module's own
+(started from tests/support/local_kafka on the bridge's address, a few seconds): the session's
+broker listens on loopback, which the namespaces cannot reach.
+
+Where a test meets one of the failures of the cluster code it found (SNAPSHOT_STALL,
+ROLLBACK_STALL, RESCALES_PILED_UP, COORDINATOR_BY_AGE below, each shown by the members' logs or
+the cluster's state), it checks that what was committed is exactly-once and reports the failure
+as expected with its cause; any other failure fails it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster_processes import ClusterMemberProcess, ClusterProcesses
+from kafka_broker import _kafka_local
+from network_partition import NamespacesUnavailable, PartitionNetwork
+from test_cluster_jobs import _Output, _produce, _running_sums, _sums_job_file, _topic
+from waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.faults]
+
+# members listen for clients on this port, each in its own namespace (so the same one)
+CLIENT_PORT = 5701
+
+
+@pytest.fixture(scope="module")
+def net():
+    """Three namespaces on a bridge, for the module; skips where namespaces cannot be made."""
+    try:
+        network = PartitionNetwork(3)
+    except NamespacesUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        yield network
+    finally:
+        network.close()
+
+
+_WATCHDOG = """
+import os, sys, time
+parent, port, script_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+sys.path.insert(0, script_dir)
+import kafka_local
+while kafka_local._read_state(port) is not None:
+    time.sleep(1)
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        kafka_local.stop_broker(port)
+        break
+"""
+
+
+@pytest.fixture(scope="module")
+def bridge_kafka(net: PartitionNetwork):
+    """A broker of this module listening on the bridge's address, where the members in their
+    namespaces reach it (the session's broker listens on loopback, which they cannot)."""
+    kl = _kafka_local()
+    port = kl.free_port()
+    try:
+        bootstrap = kl.start_broker(port, host=net.host_address)
+        # stops the broker should this process die without its teardown
+        subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(port),
+                          str(Path(kl.__file__).parent)], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+        yield bootstrap
+    finally:
+        kl.stop_broker(port)
+
+
+class NamespacedMember(ClusterMemberProcess):
+    """A ``jetwake member start --cluster`` process in namespace ``slot`` of the network,
+    listening for clients and peers on that namespace's address."""
+
+    def __init__(self, root: Path, index: int, cluster: str, bootstrap: str, token: str,
+                 net: PartitionNetwork, slot: int, extra: tuple[str, ...] = ()) -> None:
+        self.slot = slot
+        self.port = CLIENT_PORT
+        self.address = f"{net.address(slot)}:{self.port}"
+        self.data_dir = root / f"member-{index}"
+        self.log_path = root / f"member-{index}.log"
+        self.token = token
+        cmd = [*net.command_prefix(slot), sys.executable, "-m", "jetwake.engine.server.cli",
+               "member", "start", "--cluster", cluster, "--kafka", bootstrap,
+               "--data-dir", str(self.data_dir), "--host", net.address(slot),
+               "--port", str(self.port), "--token", token, "--cooperative-threads", "1",
+               "--local-parallelism", "1", "--scale-up-delay", "1000", *extra]
+        self._log = open(self.log_path, "w")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JETWAKE_")}
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+
+class NamespacedCluster(ClusterProcesses):
+    """A cluster whose n-th member runs in namespace n of the network."""
+
+    def __init__(self, root: Path, bootstrap: str, net: PartitionNetwork) -> None:
+        super().__init__(root, bootstrap)
+        self.net = net
+
+    def start_member(self, *extra: str, token: str | None = None,  # type: ignore[override]
+                     cluster: str | None = None) -> NamespacedMember:
+        slot = len(self.members) + 1
+        m = NamespacedMember(self.root, len(self.members), cluster or self.name,
+                             self.bootstrap, token or self.token, self.net, slot, extra)
+        self.members.append(m)
+        return m
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, bridge_kafka: str, net: PartitionNetwork):
+    c = NamespacedCluster(tmp_path, bridge_kafka, net)
+    try:
+        yield c
+    finally:
+        net.heal_all()
+        c.stop_all()
+
+
+@pytest.fixture
+def outputs(bridge_kafka: str):
+    """Makes read_committed readers of sink topics, closed after the test whatever happened."""
+    made: list[_Output] = []
+
+    def make(topic: str) -> _Output:
+        out = _Output(bridge_kafka, topic)
+        made.append(out)
+        return out
+
+    yield make
+    for out in made:
+        out.close()
+
+
+def _by_key(records: list[tuple[str, int]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for k, v in records:
+        out.setdefault(k, []).append(v)
+    return out
+
+
+def _batch(start: int, count: int, keys: int = 13) -> list[tuple[str, int]]:
+    return [(f"k{i % keys}", i) for i in range(start, start + count)]
+
+
+def _submit(cluster: NamespacedCluster, member: ClusterMemberProcess, tmp_path: Path,
+            source: str, sink: str, name: str, *flags: str) -> dict:
+    return cluster.cli_json(member, "submit",
+                            str(_sums_job_file(tmp_path, cluster.bootstrap, source, sink)),
+                            "--name", name, "--guarantee", "exactly_once",
+                            "--snapshot-interval", "200", *flags)
+
+
+def _status(cluster: NamespacedCluster, member: ClusterMemberProcess, job_id: str) -> dict:
+    return cluster.cli_json(member, "status", job_id)
+
+
+def _view(cluster: NamespacedCluster, via: ClusterMemberProcess) -> dict[str, dict]:
+    """The members as ``via`` sees them, by their peer address's host (the namespace's
+    address, known even for a member that does not answer)."""
+    return {m["peer_address"].rpartition(":")[0]: m for m in cluster.cluster(via)["members"]}
+
+
+def _runs_share(cluster: NamespacedCluster, via: ClusterMemberProcess,
+                member: ClusterMemberProcess, jobs: int = 1) -> bool:
+    """Whether ``via`` sees ``member`` in the cluster, answering, running ``jobs`` shares."""
+    entry = _view(cluster, via).get(member.address.rpartition(":")[0])
+    return entry is not None and entry["state"] == "ACTIVE" and (entry["jobs"] or 0) >= jobs
+
+
+def _assert_exactly_once(out: _Output, events: list[tuple[str, int]]) -> None:
+    out.drain()
+    assert len(out.records) == len(events), (
+        f"{len(out.records)} records for {len(events)} events: a record was written twice")
+    assert _by_key(out.records) == _running_sums(events)
+
+
+
+def _assert_committed_prefix(out: _Output, events: list[tuple[str, int]]) -> None:
+    """What was committed so far is exactly-once even when not everything was: each key's
+    sums are the first of its expected sums, in order, none twice, none skipped."""
+    out.drain()
+    expected = _running_sums(events)
+    for key, sums in _by_key(out.records).items():
+        assert sums == expected[key][:len(sums)], f"key {key}: {sums} is not a prefix of " \
+                                                  f"{expected[key]}"
+
+
+def _in_logs(pattern: str):
+    regex = re.compile(pattern)
+    return lambda cluster: any(regex.search(m.log) for m in cluster.members)
+
+
+def _member_id(member: ClusterMemberProcess) -> str:
+    found = re.search(r"member (m-[0-9a-f]+) listens for peers", member.log)
+    assert found, f"no member id in the log of {member.address}"
+    return found.group(1)
+
+
+def _snapshot_outlives_its_execution(victim: ClusterMemberProcess):
+    """After the job restarted without ``victim``, a snapshot still waits for it: a snapshot
+    of the execution that was cancelled."""
+    def seen(cluster: NamespacedCluster) -> bool:
+        victim_id = _member_id(victim)
+        for m in cluster.members:
+            log = m.log
+            restarted = re.search(rf"started: on \d member\(s\): (?!.*{victim_id}).*restored",
+                                  log)
+            if restarted and re.search(rf"{victim_id} .*did not answer call 'exec\.",
+                                       log[restarted.end():]):
+                return True
+        return False
+    return seen
+
+
+def _snapshot_failure_not_acted_on(victim: ClusterMemberProcess):
+    """A snapshot could not start because ``victim`` did not answer, and the job has not
+    restarted since: the execution waits for the snapshot's rollback instead of failing."""
+    def seen(cluster: NamespacedCluster) -> bool:
+        victim_id = _member_id(victim)
+        for m in cluster.members:
+            log = m.log
+            failed = list(re.finditer(rf"failed to start: {victim_id}: .*did not answer call "
+                                      r"'exec\.snapshot'", log))
+            if failed and "restarting (" not in log[failed[-1].end():]:
+                return True
+        return False
+    return seen
+
+
+# Failures of the cluster code these tests find: what each does and where, paired in the
+# tests with what shows it (lines in the members' logs, or the cluster's state). A test that
+# fails while one of them shows first checks that what was committed is still exactly-once,
+# then reports the failure as expected (xfail) with the cause; any other failure fails it.
+SNAPSHOT_STALL = (
+    "a snapshot in flight when a member goes silent holds the job's snapshot lock "
+    "(JobCoordinator.take_snapshot, engine/jobs/job_coordinator.py) while its calls to that "
+    "member run to their full timeouts (DistributedSnapshot.request 30 s, wait_phase1 and "
+    "wait_phase2 120 s each, engine/cluster/distributed_execution.py), even after that "
+    "execution was cancelled and the job restarted on the others: the restarted execution "
+    "takes no snapshot meanwhile, so an exactly-once sink commits nothing for up to 270 s")
+ROLLBACK_STALL = (
+    "only a snapshot's timeouts notice a member its peers cannot reach while Kafka still "
+    "lists it (the member stops its own share, but its exec.ended never arrives): "
+    "exec.snapshot to it fails after 30 s, and then the execution is not failed at once: the "
+    "rollback's phase 2 waits its full 120 s on the other members, whose processors can never "
+    "align the barrier the cut-off member's processors no longer send "
+    "(DistributedSnapshot.wait_phase2, engine/cluster/distributed_execution.py, under "
+    "JobCoordinator.take_snapshot): the job stands still for about 150 s, whether or not the "
+    "partition heals meanwhile")
+RESCALES_PILED_UP = (
+    _in_logs(r"could not restart: JobStateError\(.*the member is shutting down"),
+    "rescales pile up behind a snapshot that does not finish (members_joined starts a new "
+    "timer every watch round, engine/cluster/cluster_job_coordinator.py, and each timer's "
+    "rescale waits for the snapshot lock); when the snapshot ends, the first rescale restarts "
+    "the job and the next ones stop the new execution while it starts, which "
+    "JobCoordinator.start takes for a shutdown: the job stays NOT_RUNNING for good")
+COORDINATOR_BY_AGE = (
+    "a coordinator cut off from Kafka past the session timeout joins again, once the network "
+    "heals, with the client id of its first join (engine/cluster/membership.py: _lost only "
+    "steps down, and librdkafka rejoins with the same client.id, whose join time still makes "
+    "it the oldest), so it takes partition 0 back and deposes the coordinator that took over: "
+    "a second failover, and a restart of every job")
+
+
+def _seen(cluster: NamespacedCluster, known: tuple) -> bool:
+    return bool(known[0](cluster))
+
+
+def _wait(cluster: NamespacedCluster, condition, what: str, timeout: float,
+          fatal: tuple = RESCALES_PILED_UP, interval: float = 0.2) -> None:
+    """wait_until, but giving up at once when the ``fatal`` known failure shows (after it the
+    condition can never come true)."""
+    def done() -> bool:
+        if condition():
+            return True
+        if _seen(cluster, fatal):
+            raise AssertionError(f"{what}: {fatal[1]}")
+        return False
+    wait_until(done, what, timeout, interval)
+
+
+@contextlib.contextmanager
+def _expected_if_known(cluster: NamespacedCluster, outs: list[_Output],
+                       events: list[tuple[str, int]], *known: tuple):
+    """Turns a failed assertion into an expected failure when one of the ``known`` failures
+    shows, once what each output committed has been checked to be exactly-once."""
+    try:
+        yield
+    except AssertionError as e:
+        causes = [k[1] for k in known if _seen(cluster, k)]
+        if not causes:
+            raise
+        for out in outs:
+            _assert_committed_prefix(out, events)
+        pytest.xfail(f"{e}; known cause: {' AND '.join(causes)}")
+
+
+def test_with_the_quorum_rule_a_member_cut_off_is_left_behind_and_used_again_once_healed(
+        cluster: NamespacedCluster, net: PartitionNetwork, outputs, tmp_path: Path) -> None:
+    """A member (not the coordinator) loses the network: Kafka drops it after the session
+    timeout, the job restarts from its last snapshot on the two others (a quorum of the three
+    it ran on) and goes on; healed, the member joins again and the job restarts to use it.
+    A read_committed reader sees every sum once."""
+    members = cluster.start(3)
+    bootstrap = cluster.bootstrap
+    source, sink = _topic(bootstrap), _topic(bootstrap)
+    batches = [_batch(0, 1000), _batch(1000, 1000), _batch(2000, 1000)]
+    events = batches[0] + batches[1] + batches[2]
+    _produce(bootstrap, source, batches[0])
+    coordinator = cluster.coordinator()
+    job = _submit(cluster, coordinator, tmp_path, source, sink, "sums",
+                  "--split-brain-protection")
+    out = outputs(sink)
+    wait_until(lambda: out.has(1000), "the first sums", 60, interval=0)
+    victim = next(m for m in members if m is not coordinator)
+    broker_port = int(bootstrap.rpartition(":")[2])
+
+    net.cut(victim.slot)
+    assert not net.reaches(victim.slot, net.host_address, broker_port)
+    _produce(bootstrap, source, batches[1])
+    stalled = None
+    try:
+        _wait(cluster, lambda: out.has(2000), "the sums of the two members left", 30)
+        assert victim.address.rpartition(":")[0] not in _view(cluster, coordinator)
+        assert _status(cluster, coordinator, job["id"])["status"] == "RUNNING"
+    except AssertionError as e:
+        stalled = e  # judged below, once the guarantees are checked
+
+    net.heal(victim.slot)
+    stall = (_snapshot_outlives_its_execution(victim), SNAPSHOT_STALL)
+    with _expected_if_known(cluster, [out], events, stall, RESCALES_PILED_UP):
+        _wait(cluster, lambda: _runs_share(cluster, coordinator, victim),
+              "the healed member to run its share of the job again", 90)
+        assert cluster.coordinator() is coordinator
+        _produce(bootstrap, source, batches[2])
+        _wait(cluster, lambda: out.has(3000), "the sums on three members again", 60)
+        _assert_exactly_once(out, events)
+        if stalled is not None:
+            raise stalled
+
+
+def test_with_the_quorum_rule_a_coordinator_cut_off_steps_down_and_rejoins_as_a_member(
+        cluster: NamespacedCluster, net: PartitionNetwork, outputs, tmp_path: Path) -> None:
+    """The coordinator loses the network: the two others, a quorum, see it leave the group;
+    the next oldest takes over (fencing it) and resumes the job from its last snapshot. The
+    cut-off coordinator cannot reach Kafka, loses its session and steps down by itself while
+    still cut off, so it commits nothing; healed, it joins again as a plain member. Every sum
+    once."""
+    members = cluster.start(3)
+    bootstrap = cluster.bootstrap
+    source, sink = _topic(bootstrap), _topic(bootstrap)
+    batches = [_batch(0, 1000), _batch(1000, 1000), _batch(2000, 1000)]
+    events = batches[0] + batches[1] + batches[2]
+    _produce(bootstrap, source, batches[0])
+    old = cluster.coordinator()
+    other = next(m for m in members if m is not old)
+    job = _submit(cluster, other, tmp_path, source, sink, "sums", "--split-brain-protection")
+    out = outputs(sink)
+    wait_until(lambda: out.has(1000), "the first sums", 60, interval=0)
+
+    net.cut(old.slot)
+    new = wait_until(lambda: cluster.coordinator(via=other) not in (old, None)
+                     and cluster.coordinator(via=other), "another coordinator", 30, interval=0.5)
+    _produce(bootstrap, source, batches[1])
+    _wait(cluster, lambda: out.has(2000), "the sums under the new coordinator", 30)
+    assert _status(cluster, new, job["id"])["status"] == "RUNNING"
+    wait_until(lambda: "is no longer the coordinator" in old.log,
+               "the cut-off coordinator to step down while still cut off", 30, interval=0.3)
+
+    net.heal(old.slot)
+    by_age = (lambda c: c.coordinator(via=other) is old, COORDINATOR_BY_AGE)
+    with _expected_if_known(cluster, [out], events, by_age, RESCALES_PILED_UP):
+        _wait(cluster, lambda: _runs_share(cluster, other, old),
+              "the healed member to run its share of the job again", 90)
+        _produce(bootstrap, source, batches[2])
+        _wait(cluster, lambda: out.has(3000), "the sums on three members again", 60)
+        _assert_exactly_once(out, events)
+        coordinators = {cluster.cluster(m)["coordinator"] for m in members}
+        assert len(coordinators) == 1, f"the members disagree on the coordinator: {coordinators}"
+        # the healed member's join is a rebalance, during which the group shows no coordinator
+        wait_until(lambda: cluster.coordinator(via=other) is new,
+                   "the coordinator to stay the new one, not the healed member", 30,
+                   interval=0.3)
+
+
+def test_a_member_cut_off_from_its_peers_only_with_the_quorum_rule_on_and_off(
+        cluster: NamespacedCluster, net: PartitionNetwork, outputs, tmp_path: Path) -> None:
+    """A member loses its peers but not Kafka. The group keeps all three members, so the
+    quorum rule counts three and a job with it (``sums-on``) is treated as one without it
+    (``sums-off``): neither waits for a quorum. The coordinator lists the member UNREACHABLE;
+    only a snapshot's calls to it notice it is gone, fail the execution and restart it
+    without the member. Progress during the partition is not guaranteed; what holds for both
+    jobs is that every sum is written once, and after the partition the member runs its
+    share of both again."""
+    members = cluster.start(3)
+    bootstrap = cluster.bootstrap
+    source = _topic(bootstrap)
+    sinks = {"off": _topic(bootstrap), "on": _topic(bootstrap)}
+    batches = [_batch(0, 600), _batch(600, 600), _batch(1200, 600)]
+    events = batches[0] + batches[1] + batches[2]
+    _produce(bootstrap, source, batches[0])
+    coordinator = cluster.coordinator()
+    jobs = {"off": _submit(cluster, coordinator, tmp_path, source, sinks["off"], "sums-off"),
+            "on": _submit(cluster, coordinator, tmp_path, source, sinks["on"], "sums-on",
+                          "--split-brain-protection")}
+    outs = {k: outputs(sink) for k, sink in sinks.items()}
+    for k, out in outs.items():
+        wait_until(lambda out=out: out.has(600), f"the first sums of sums-{k}", 60, interval=0)
+    victim = next(m for m in members if m is not coordinator)
+    victim_host = victim.address.rpartition(":")[0]
+
+    net.isolate_from_peers(victim.slot)
+    assert net.reaches(victim.slot, net.host_address, int(bootstrap.rpartition(":")[2]))
+    assert not net.reaches(victim.slot, coordinator.address.rpartition(":")[0], CLIENT_PORT)
+    view = wait_until(lambda: (v := _view(cluster, coordinator)).get(victim_host, {}).get(
+        "state") == "UNREACHABLE" and v, "the coordinator to find the member unreachable", 30,
+        interval=0.5)
+    assert len(view) == 3, "Kafka should still count the member cut off from its peers only"
+    _produce(bootstrap, source, batches[1])
+    # the partition lasts until both jobs went on without the member, or 20 s
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: all(out.has(1200) for out in outs.values()),
+                   "both jobs to go on without the member", 20, interval=0)
+    for k, job in jobs.items():
+        status = _status(cluster, coordinator, job["id"])
+        assert "quorum" not in (status.get("failure") or ""), f"sums-{k}: {status}"
+
+    net.rejoin_peers(victim.slot)
+    stall = (_snapshot_failure_not_acted_on(victim), ROLLBACK_STALL)
+    with _expected_if_known(cluster, list(outs.values()), events, stall, RESCALES_PILED_UP):
+        _wait(cluster, lambda: _runs_share(cluster, coordinator, victim, jobs=2),
+              "the member to run its share of both jobs again", 60)
+        _produce(bootstrap, source, batches[2])
+        for k, out in outs.items():
+            _wait(cluster, lambda out=out: out.has(1800), f"every sum of sums-{k}", 60)
+            _assert_exactly_once(out, events)
+            assert _status(cluster, coordinator, jobs[k]["id"])["status"] == "RUNNING"

@@ -1,0 +1,234 @@
+"""The dashboard in a real browser: headless Chromium from the operating system's packages
+(`make test` installs it as root with apt; elsewhere these tests skip and say why), driven with
+Selenium, against a `jetwake member start --metrics-port M --token T` process running a
+windowed stream. The job list shows the job RUNNING, the job page draws its vertices and its
+numbers move without a reload, a suspend clicked with a wrong token changes nothing, and with
+the token the job is SUSPENDED in the page and in `jetwake status`.
+
+Each test saves a screenshot of its page in its temporary folder; with
+``JETWAKE_DASHBOARD_SCREENSHOTS=DIR`` they are also copied to DIR as ``dashboard-NAME.png``
+(docs/images holds the ones docs/dashboard.md shows).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from dashboard_support import TOKEN, DashboardMember
+from waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+try:
+    from selenium import webdriver
+    from selenium.common.exceptions import (
+        ElementClickInterceptedException, StaleElementReferenceException, WebDriverException,
+    )
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+except ImportError:  # pragma: no cover - the `test` extra installs it
+    webdriver = None
+
+
+def _missing() -> str | None:
+    if webdriver is None:
+        return "selenium is not installed (`make test` installs the test extra)"
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        return ("no Chromium and chromedriver on PATH: `make test` installs the OS packages "
+                "chromium and chromium-driver when run as root with apt; otherwise install "
+                "them to run the dashboard's browser tests")
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    why = _missing()
+    if why:
+        pytest.skip(why)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1360,1000", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    try:
+        # the OS's chromedriver, named: Selenium fetches nothing
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    except WebDriverException as e:
+        pytest.skip(f"Chromium did not start headless: {e.msg}")
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def member(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dashboard")
+    m = DashboardMember(tmp)
+    try:
+        m.job = m.submit_stream(tmp, "windows")
+        m.base = f"http://127.0.0.1:{m.metrics_port}"
+        yield m
+    finally:
+        m.stop()
+
+
+def screenshot(driver, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"dashboard-{name}.png"
+    driver.save_screenshot(str(path))
+    target = os.environ.get("JETWAKE_DASHBOARD_SCREENSHOTS")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(target) / path.name)
+    return path
+
+
+def text_of(driver, css: str) -> str | None:
+    """The text of the first element ``css`` selects; None while there is none (the page
+    redraws its view every second, so an element may be replaced while it is read)."""
+    try:
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        return found[0].text if found else None
+    except StaleElementReferenceException:
+        return None
+
+
+def click(driver, css: str) -> None:
+    def clicked() -> bool:
+        try:
+            driver.find_element(By.CSS_SELECTOR, css).click()
+            return True
+        except (StaleElementReferenceException, ElementClickInterceptedException):
+            return False
+        except WebDriverException:
+            return False
+    wait_until(clicked, f"a click on {css}", 10, 0.05)
+
+
+def use_token(driver, token: str) -> None:
+    click(driver, "#token-button")
+    field = driver.find_element(By.ID, "token-input")
+    field.clear()
+    field.send_keys(token)
+    click(driver, "#token-save")
+    wait_until(lambda: not driver.find_elements(By.CSS_SELECTOR, "dialog[open]"),
+               "the token dialog to close", 5)
+
+
+def open_job_page(driver, member) -> None:
+    driver.get(f"{member.base}/jobs/{member.job['id']}")
+    wait_until(lambda: text_of(driver, "#job-name") == "windows", "the job page", 15, 0.1)
+
+
+def test_the_job_list_shows_the_job_running(browser, member, tmp_path):
+    browser.get(member.base + "/")
+    row = '#jobs tr[data-job-name="windows"]'
+    wait_until(lambda: text_of(browser, row + " .status") == "RUNNING",
+               "the job RUNNING in the list", 20, 0.1)
+    assert text_of(browser, row + " .job-link") == "windows"
+    wait_until(lambda: (text_of(browser, row + " .rate-in") or "0.0/s") != "0.0/s",
+               "a rate in", 15, 0.1)
+    screenshot(browser, tmp_path, "jobs")
+
+
+def test_the_job_page_draws_its_vertices_and_edges(browser, member, tmp_path):
+    browser.get(member.base + "/")
+    click(browser, '#jobs tr[data-job-name="windows"] .job-link')
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#dag g.vertex"),
+               "the graph", 15, 0.1)
+    detail = member.http.get(f"/api/jobs/{member.job['id']}").json
+    names = [v["name"] for v in detail["dag"]["vertices"]]
+
+    def drawn() -> list[str] | None:
+        try:
+            return [g.get_attribute("data-vertex")
+                    for g in browser.find_elements(By.CSS_SELECTOR, "#dag g.vertex")]
+        except StaleElementReferenceException:
+            return None
+    assert wait_until(lambda: drawn() == names and drawn(), "every vertex drawn", 10, 0.1)
+    edges = wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#dag g.edge")),
+                       "the edges", 10, 0.1)
+    assert edges == len(detail["dag"]["edges"])
+    assert text_of(browser, "#job-status") == "RUNNING"
+    screenshot(browser, tmp_path, "job")
+
+
+def test_the_throughput_numbers_change_without_a_reload(browser, member, tmp_path):
+    open_job_page(browser, member)
+    browser.execute_script("window.__sameDocument = true;")  # gone if the page reloads
+    cell = '#vertices tr[data-vertex="item-stream"] .items-out'
+    first = wait_until(lambda: text_of(browser, cell), "the source's count", 10, 0.1)
+    second = wait_until(lambda: (lambda t: t if t and t != first else None)(
+        text_of(browser, cell)), "the count to change", 10, 0.1)
+    wait_until(lambda: (lambda t: t and t not in (first, second))(text_of(browser, cell)),
+               "the count to change again", 10, 0.1)
+    assert int(second.replace(",", "")) > int(first.replace(",", ""))
+    rate = text_of(browser, '#vertices tr[data-vertex="item-stream"] .rate-out')
+    assert rate.endswith("/s") and float(rate[:-2]) > 0
+    assert browser.execute_script("return window.__sameDocument === true;")
+
+
+def test_a_suspend_clicked_with_a_wrong_token_changes_nothing(browser, member, tmp_path):
+    open_job_page(browser, member)
+    use_token(browser, "not-the-token")
+    click(browser, "#action-suspend")
+    click(browser, "#confirm-ok")
+    wait_until(lambda: "403" in (text_of(browser, "#notice") or ""), "the refusal", 10, 0.1)
+    assert "wrong token" in text_of(browser, "#notice")
+    screenshot(browser, tmp_path, "refused")
+    # nothing happens: the page and the member keep saying RUNNING
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        assert text_of(browser, "#job-status") in ("RUNNING", None)
+        time.sleep(0.1)
+    assert member.status("windows") == "RUNNING"
+    assert "dashboard: suspend of job" in member.log and "wrong token" in member.log
+
+
+def test_a_suspend_clicked_with_the_token_suspends_the_job(browser, member, tmp_path):
+    open_job_page(browser, member)
+    use_token(browser, TOKEN)
+    wait_until(lambda: text_of(browser, "#auth-state") == "token accepted", "the token", 5)
+    click(browser, "#action-suspend")
+    assert "terminal snapshot" in text_of(browser, "#confirm-text")
+    click(browser, "#confirm-ok")
+    wait_until(lambda: text_of(browser, "#job-status") == "SUSPENDED",
+               "SUSPENDED in the page", 20, 0.1)
+    assert member.status("windows") == "SUSPENDED"
+    screenshot(browser, tmp_path, "suspended")
+
+
+def test_the_cluster_and_snapshots_pages_and_a_404_page(browser, member, tmp_path):
+    # an export from the job page shows on the snapshots page
+    open_job_page(browser, member)
+    use_token(browser, TOKEN)
+    click(browser, "#action-export")
+    field = browser.find_element(By.ID, "confirm-name")
+    field.clear()
+    field.send_keys("windows-export")
+    click(browser, "#confirm-ok")
+    wait_until(lambda: "requested" in (text_of(browser, "#notice") or ""), "the export", 20)
+    browser.get(member.base + "/snapshots")
+    wait_until(lambda: text_of(browser, '#snapshots tr[data-snapshot="windows-export"]'),
+               "the exported snapshot listed", 10, 0.1)
+    screenshot(browser, tmp_path, "snapshots")
+
+    browser.get(member.base + "/cluster")
+    wait_until(lambda: text_of(browser, "#cluster-state") == "ACTIVE", "the cluster", 10, 0.1)
+    row = wait_until(lambda: text_of(browser, "#members tbody tr"), "the member row", 10, 0.1)
+    assert member.address in row and "MB" in row
+    screenshot(browser, tmp_path, "cluster")
+
+    browser.get(member.base + "/jobs/no-such-job")
+    assert browser.find_element(By.TAG_NAME, "h1").text == "No such job"
+    assert "no-such-job" in browser.find_element(By.ID, "message").text
+    screenshot(browser, tmp_path, "not-found")
