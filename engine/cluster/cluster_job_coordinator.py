@@ -68,6 +68,7 @@ class ClusterJobCoordinator(JobCoordinator):
         self.deposed = False
         self._rescale_timer: threading.Timer | None = None
         self._rescale_members: set[str] = set()
+        self._rescaling = False  # a rescale is taking its snapshot or restarting the job
         super().__init__(member, job_id, definition, config, submission_time)
         self._definition_bytes = cloudpickle.dumps(definition)
         self._attempt = 0
@@ -203,6 +204,8 @@ class ClusterJobCoordinator(JobCoordinator):
         if not self.config.auto_scaling or self.light or not member_ids:
             return
         with self._lock:
+            if self._rescaling:
+                return  # the restart under way uses every member there when it starts
             if self._rescale_timer is not None:
                 if member_ids <= self._rescale_members:
                     return  # already scheduled for these members: the delay runs on
@@ -216,21 +219,33 @@ class ClusterJobCoordinator(JobCoordinator):
 
     def rescale(self, why: str) -> None:
         """Restarts the running job on the cluster's current members, from a terminal
-        snapshot taken first (nothing is replayed that need not be)."""
+        snapshot taken first (nothing is replayed that need not be). One rescale at a time;
+        none when the execution changed meanwhile (a restart already uses the members)."""
         with self._lock:
             self._rescale_timer = None
+            execution = self._execution
             if self.status != JobStatus.RUNNING or self._stop_reason != _STOP_NONE \
-                    or self.deposed:
+                    or self.deposed or self._rescaling or execution is None:
                 return
-        log.info("job %s: %s; restarting on the cluster's members", self.name, why)
-        self.member.emit_event(self, f"rescaling: {why}")
-        if self.config.snapshots_enabled:
-            try:
-                self.take_snapshot(terminal=True)
-            except Exception as e:  # noqa: BLE001 - restarts from its last snapshot instead
-                log.warning("job %s: the snapshot before rescaling failed (%s); restarting "
-                            "from the last one", self.name, e)
-        self._stop_execution(_STOP_RESTART)
+            self._rescaling = True
+        try:
+            log.info("job %s: %s; restarting on the cluster's members", self.name, why)
+            self.member.emit_event(self, f"rescaling: {why}")
+            if self.config.snapshots_enabled:
+                try:
+                    self.take_snapshot(terminal=True)
+                except Exception as e:  # noqa: BLE001 - restarts from its last snapshot instead
+                    log.warning("job %s: the snapshot before rescaling failed (%s); restarting "
+                                "from the last one", self.name, e)
+            with self._lock:
+                if execution is not self._execution or execution.finished.is_set() \
+                        or self._stop_reason != _STOP_NONE:
+                    return  # it stopped or restarted meanwhile
+                self._stop_reason = _STOP_RESTART
+            execution.cancel()
+        finally:
+            with self._lock:
+                self._rescaling = False
 
     def abandon(self) -> None:
         """This member is no longer the cluster's coordinator: stops coordinating the job

@@ -58,6 +58,9 @@ PROBE_TIMEOUT_S = 3.0
 
 # listings in a row that must miss a member before it counts as gone
 ABSENT_ROUNDS = 2
+# probes in a row a member of a running execution must leave unanswered before the
+# coordinator counts it out of reach (Kafka may still list it: cut off from its peers only)
+UNANSWERED_PROBES = 2
 # every this many rounds a member asks the coordinators of its shares whether they still run
 STALE_CHECK_ROUNDS = 1
 
@@ -116,6 +119,8 @@ class ClusterMember(Member):
         self._unreachable: set[str] = set()  # in the group, but did not answer a probe
         self._seen: set[str] = set()  # members the watcher has seen in the group
         self._absent: dict[str, int] = {}  # member -> listings in a row that missed it
+        self._unanswered: dict[str, int] = {}  # member -> probes in a row it did not answer
+        self._probing: set[str] = set()  # members with a liveness probe under way
         self._known_members: list[MemberInfo] = []
         self._coordinator_lock = threading.Lock()
         self._became_coordinator = threading.Event()
@@ -547,6 +552,8 @@ class ClusterMember(Member):
             self._leaving &= present
             if self._unreachable and self.is_coordinator:
                 self._pool.submit(self._reprobe_unreachable, set(present))
+            if self.is_coordinator:
+                self._probe_execution_members(present)
             usable = present - self._leaving - self._unreachable
             for c in self.coordinators():
                 if not isinstance(c, ClusterJobCoordinator):
@@ -568,6 +575,43 @@ class ClusterMember(Member):
                     self.participant.cancel(ex.exec_key)
                 elif ex.coordinator != self.member_id and rounds % STALE_CHECK_ROUNDS == 0:
                     self._pool.submit(self._drop_if_stale, ex.exec_key, ex.coordinator)
+
+    def _probe_execution_members(self, present: set[str]) -> None:
+        """Asks every member of a running execution whether it is there (one probe each at a
+        time). Kafka only notices a member whose process or machine is gone; one that its
+        peers cannot reach while Kafka still lists it would otherwise hold its execution
+        until the barrier of a snapshot cannot align without it."""
+        members: set[str] = set()
+        for c in self.coordinators():
+            if isinstance(c, ClusterJobCoordinator):
+                execution = c.running_execution()
+                if execution is not None:
+                    members.update(execution.members)
+        members = (members & present) - self._unreachable - {self.member_id}
+        for m in set(self._unanswered) - members:
+            self._unanswered.pop(m, None)
+        for m in members - self._probing:
+            self._probing.add(m)
+            self._pool.submit(self._probe_member, m)
+
+    def _probe_member(self, member_id: str) -> None:
+        try:
+            self.call_member(member_id, "cluster.info", [], PROBE_TIMEOUT_S)
+        except PeerUnreachableError as e:
+            count = self._unanswered.get(member_id, 0) + 1
+            self._unanswered[member_id] = count
+            if count >= UNANSWERED_PROBES:
+                log.warning("member %s is out of reach (%d probes in a row: %s); its "
+                            "executions go on without it", member_id, count, e)
+                self._unanswered.pop(member_id, None)
+                self.note_unreachable(member_id)
+            return
+        except Exception as e:  # noqa: BLE001 - it answered, with an error: it is there
+            log.debug("probing member %s: %r", member_id, e)
+        else:
+            self._unanswered.pop(member_id, None)
+        finally:
+            self._probing.discard(member_id)
 
     def _drop_if_stale(self, exec_key: str, coordinator: str) -> None:
         """Stops this member's share of an execution its coordinator no longer runs (this

@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 from jetwake.engine.core.errors import JetwakeError, RestartableError
@@ -37,6 +37,8 @@ log = logging.getLogger("jetwake.cluster")
 
 # what a member's call may take beyond the phase's own timeout (the network, syncing files)
 _CALL_MARGIN_S = 30.0
+# how often a wait for members' answers looks whether the execution still needs them
+_RECHECK_S = 0.25
 
 
 class MemberExecutionError(JetwakeError):
@@ -93,19 +95,54 @@ class DistributedExecution:
         return self._local_tasklets()
 
     def all_members(self, method: str, args: "list | Callable[[int], list]",
-                    timeout: float) -> dict[str, Any]:
+                    timeout: float, *, while_running: bool = False) -> dict[str, Any]:
         """Calls ``method`` on every member in parallel (``args``, or ``args(member_index)``
-        when each member gets its own); member id -> result, or the exception it raised."""
+        when each member gets its own); member id -> result, or the exception it raised.
+        See :meth:`gather` for ``while_running``."""
         futures: dict[str, Future] = {
             m: self.submit(self._call, m, method, args(i) if callable(args) else args, timeout)
             for i, m in enumerate(self.members)}
+        return self.gather(futures, timeout + _CALL_MARGIN_S, method,
+                           while_running=while_running)
+
+    def gather(self, futures: dict[str, Future], timeout: float, what: str, *,
+               while_running: bool = False) -> dict[str, Any]:
+        """Waits up to ``timeout`` for each member's answer; member id -> result, or the
+        exception it raised.
+
+        A member whose share has ended (it left, was found out of reach, or reported its end)
+        is not waited for: its answer can no longer matter, and a member cut off from the
+        coordinator would otherwise hold the caller (a snapshot, under the job's snapshot
+        lock) for the call's full timeout. With ``while_running``, nobody is waited for once
+        the execution is being cancelled (the answers of a snapshot's first steps)."""
+        deadline = time.monotonic() + timeout
         out: dict[str, Any] = {}
-        for m, f in futures.items():
-            try:
-                out[m] = f.result(timeout + _CALL_MARGIN_S)
-            except BaseException as e:  # noqa: BLE001 - the caller decides
-                out[m] = e
-        return out
+        pending = dict(futures)
+        while pending:
+            for m, f in list(pending.items()):
+                if f.done():
+                    try:
+                        out[m] = f.result()
+                    except BaseException as e:  # noqa: BLE001 - the caller decides
+                        out[m] = e
+                elif m not in self._remaining:
+                    out[m] = MemberExecutionError(
+                        f"member {m}'s share of {self.exec_key} ended before it answered {what}")
+                elif while_running and self.cancelled:
+                    out[m] = MemberExecutionError(
+                        f"{self.exec_key} was stopped before member {m} answered {what}")
+                else:
+                    continue
+                del pending[m]
+            left = deadline - time.monotonic()
+            if pending and left <= 0:
+                for m in pending:
+                    out[m] = TimeoutError(f"member {m} did not answer {what} within "
+                                          f"{timeout:g} s")
+                break
+            if pending:
+                wait(list(pending.values()), min(left, _RECHECK_S), FIRST_COMPLETED)
+        return {m: out[m] for m in futures}
 
     def start(self) -> None:
         """Starts every member's share; a member that cannot start fails the execution."""
@@ -229,7 +266,8 @@ class DistributedSnapshot:
         self._writer = writer
         self.phase1_failure = None
         ex = self.execution
-        results = ex.all_members("exec.snapshot", [ex.exec_key, snapshot_id, terminal], 30.0)
+        results = ex.all_members("exec.snapshot", [ex.exec_key, snapshot_id, terminal], 30.0,
+                                 while_running=True)
         failed = {m: r for m, r in results.items() if isinstance(r, BaseException)}
         if failed:
             self.phase1_failure = "; ".join(f"{m}: {e}" for m, e in failed.items())
@@ -242,7 +280,8 @@ class DistributedSnapshot:
                         self.execution.name, self.phase1_failure)
             return False
         ex = self.execution
-        results = ex.all_members("exec.phase1", [ex.exec_key, snapshot_id, timeout], timeout)
+        results = ex.all_members("exec.phase1", [ex.exec_key, snapshot_id, timeout], timeout,
+                                 while_running=True)
         writer = self._writer
         ok = True
         for m, r in results.items():
@@ -267,14 +306,14 @@ class DistributedSnapshot:
     def wait_phase2(self, snapshot_id: int, timeout: float,
                     cancelled: Callable[[], bool]) -> bool:
         futures, self._phase2 = self._phase2 or {}, None
+        # a member whose share ended is not waited for: a committed snapshot's phase 2 is
+        # completed by the restore of the next execution
+        results = self.execution.gather(futures, timeout, "exec.phase2")
         ok = True
-        end = time.monotonic() + timeout
-        for m, f in futures.items():
-            try:
-                ok = bool(f.result(max(0.0, end - time.monotonic()))) and ok
-            except BaseException as e:  # noqa: BLE001
+        for m, r in results.items():
+            if isinstance(r, BaseException) or not r:
                 log.warning("snapshot %d of %s: phase 2 failed on member %s: %s", snapshot_id,
-                            self.execution.name, m, e)
+                            self.execution.name, m, r)
                 ok = False
         return ok and not cancelled()
 

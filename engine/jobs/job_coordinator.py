@@ -256,7 +256,10 @@ class JobCoordinator:
         finally:
             self._accept_fallback_once = False
         with self._lock:
-            # a cancel or a member shutdown may have come while the processors were built
+            # a cancel, suspend or member shutdown may have come while the processors were
+            # built; a restart asked for meanwhile is this start
+            if self._stop_reason == _STOP_RESTART:
+                self._stop_reason = _STOP_NONE
             reason = self._stop_reason
             if reason == _STOP_NONE:
                 self._execution = execution
@@ -275,6 +278,9 @@ class JobCoordinator:
             if reason == _STOP_CANCEL:
                 self._finish_cancelled()
                 raise JobCancelledError(f"job '{self.name}' was cancelled while starting")
+            if reason == _STOP_SUSPEND:
+                self._set_status(JobStatus.SUSPENDED)
+                return
             self._set_status(JobStatus.NOT_RUNNING)
             raise JobStateError(f"job '{self.name}' did not start: the member is shutting down")
         self._publish_status(JobStatus.RUNNING)
