@@ -18,8 +18,9 @@ Markers: an HTML comment on the line right before the opening fence (invisible w
         engine, or start brokers on fixed ports.
 
 How a case runs
-    In a fresh working directory (``./data`` lands there) with ``examples/`` linked into it, so
-    paths written relative to the repository root work.
+    In a fresh working directory (``./data`` lands there) with ``examples/`` and ``tests/``
+    linked into it, so paths written relative to the repository root work (what a block writes,
+    say into ``docs/images``, lands in the working directory, not in the repository).
 
     Python blocks run in a fresh interpreter per case, as ``__main__``; a traceback names the
     page and line of the failing statement. The case fails if a block raises, or if the
@@ -41,8 +42,10 @@ Substitutions: the documented addresses become the test's own
     ``jetwake member start`` without ``--port`` gets ``--port`` with it, and
     ``JETWAKE_ADDRESS`` points the CLI at it. The further members of a documented cluster,
     ``5702`` to ``5709`` (in ``127.0.0.1:PORT`` and ``--port PORT``), get free ports too. ``--metrics-port 9090`` -> another free port, and ``127.0.0.1:9090`` (the
-    dashboard's and metrics' address in a URL) -> the same port.
-    Cases with shell blocks start processes and are marked ``integration``.
+    dashboard's and metrics' address in a URL) -> the same port. ``.venv/bin/python`` (the
+    project's interpreter, named from the repository root) -> the interpreter running the test.
+    Cases with shell blocks start processes and are marked ``integration``; cases that run
+    Spark (``SparkRunner`` or ``jetwake backfill``) are marked ``spark`` and ``integration``.
 """
 from __future__ import annotations
 
@@ -74,6 +77,9 @@ _MARKER = re.compile(r"^<!--\s*snippet:\s*(?P<body>.*?)\s*-->$")
 _SKIP = re.compile(r"^skip\s*\((?P<reason>[^)]*\S[^)]*)\)$")
 _KAFKA_ADDRESSES = ("127.0.0.1:9092", "localhost:9092")
 _MEMBER_ADDRESS = "127.0.0.1:5701"
+_SPARK_USES = ("SparkRunner", "jetwake backfill")
+_PROJECT_PYTHON = re.compile(r"(?<![\w./-])\.venv/bin/python\b")
+LINKED = ("examples", "tests")   # the repository's folders a case's working directory links
 
 
 @dataclass
@@ -109,6 +115,10 @@ class Case:
     @property
     def needs_kafka(self) -> bool:
         return any(a in self.text for a in _KAFKA_ADDRESSES)
+
+    @property
+    def needs_spark(self) -> bool:
+        return any(use in self.text for use in _SPARK_USES)
 
     @property
     def has_shell(self) -> bool:
@@ -189,10 +199,12 @@ CASES = collect_cases()
 
 def _param(case: Case):
     marks = []
-    if case.needs_kafka:
-        marks += [pytest.mark.integration, pytest.mark.kafka]
-    elif case.has_shell:
+    if case.needs_kafka or case.needs_spark or case.has_shell:
         marks.append(pytest.mark.integration)
+    if case.needs_kafka:
+        marks.append(pytest.mark.kafka)
+    if case.needs_spark:
+        marks.append(pytest.mark.spark)
     if case.skip_reason:
         marks.append(pytest.mark.skip(reason=case.skip_reason))
     return pytest.param(case, marks=marks, id=case.name)
@@ -442,6 +454,7 @@ def _substitute(code: str, session: Session, kafka: str | None) -> str:
     code = code.replace(_MEMBER_ADDRESS, f"127.0.0.1:{session.member_port}")
     code = code.replace("127.0.0.1:9090", f"127.0.0.1:{session.metrics_port}")
     code = re.sub(r"--port 5701\b", f"--port {session.member_port}", code)
+    code = _PROJECT_PYTHON.sub(lambda _: shlex.quote(sys.executable), code)
     # the further members of a documented cluster: 5702, 5703, ... each get a free port
     return re.sub(r"(127\.0\.0\.1:|--port )(570[2-9])\b",
                   lambda m: m.group(1) + str(session.port_for(int(m.group(2)))), code)
@@ -462,10 +475,13 @@ def _environment(workdir: Path, member_port: int) -> dict[str, str]:
 
 @pytest.mark.parametrize("case", [_param(c) for c in CASES])
 def test_doc_snippet_runs_as_written(case: Case, tmp_path: Path, request) -> None:
+    if case.needs_spark:
+        pytest.importorskip("pyspark")   # the `spark` extra, as for the Spark tests
     kafka = request.getfixturevalue("kafka_bootstrap") if case.needs_kafka else None
     workdir = tmp_path / "work"
     workdir.mkdir()
-    (workdir / "examples").symlink_to(ROOT / "examples")
+    for folder in LINKED:
+        (workdir / folder).symlink_to(ROOT / folder)
     member_port = _free_port()
     session = Session(workdir, _environment(workdir, member_port), member_port, _free_port())
     problems: list[str] = []
