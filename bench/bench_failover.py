@@ -11,9 +11,18 @@ to arrive marks the moment the new execution processes, so
 - *records replayed* = output records whose sequence number had arrived before, shown beside
   what one snapshot interval holds (``RATE * INTERVAL_MS``).
 
-Run for a member other than the coordinator and for the coordinator itself, with the default
-settings (session timeout 6000 ms). ``--session-timeout MS`` on every member lowers the time
-Kafka takes to drop the dead member, within the broker's ``group.min.session.timeout.ms``.
+Run for a member other than the coordinator and for the coordinator itself, in two
+configurations, printed side by side:
+
+- *default*: the members' default session timeout (6000 ms), on the broker of
+  ``KAFKA_BOOTSTRAP_SERVERS`` (else one kafka_local starts);
+- *lowered*: ``--session-timeout LOWERED_SESSION_TIMEOUT_MS`` on every member, on a broker of
+  its own (kafka_local, a free loopback port, stopped at the end) whose
+  ``group.min.session.timeout.ms`` is lowered to ``LOWERED_BROKER_MIN_SESSION_MS``: Kafka
+  refuses a member whose session timeout is below that minimum (6000 ms by default).
+
+A member the group expelled although it was alive (a false alarm: paused or starved longer
+than the session timeout) says so in its log; the count is printed with each run.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import textwrap
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench.cluster_members import BenchCluster
@@ -34,6 +44,38 @@ from bench.report import figure
 RATE = 2000  # records per second
 INTERVAL_MS = 1000
 STEADY_S = 6.0
+MEMBER_ARGS = ["--cooperative-threads", "1", "--local-parallelism", "1"]
+LOWERED_SESSION_TIMEOUT_MS = 2000
+LOWERED_BROKER_MIN_SESSION_MS = 1000
+# what a member logs, once each time, when the group expelled it while it was alive
+_EXPELLED = "joins again as a new member"
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """Member arguments and broker properties of one configuration (no properties: the
+    broker of ``_bootstrap`` as it is)."""
+
+    name: str
+    member_args: list[str]
+    broker_config: dict[str, str] = field(default_factory=dict)
+    describe: str = ""
+
+
+DEFAULT = Configuration("default", MEMBER_ARGS,
+                        describe="the members' session timeout, 6000 ms")
+LOWERED = Configuration(
+    "lowered", [*MEMBER_ARGS, "--session-timeout", str(LOWERED_SESSION_TIMEOUT_MS)],
+    {"group.min.session.timeout.ms": str(LOWERED_BROKER_MIN_SESSION_MS)},
+    describe=f"--session-timeout {LOWERED_SESSION_TIMEOUT_MS} on every member; a broker of "
+             f"its own with group.min.session.timeout.ms={LOWERED_BROKER_MIN_SESSION_MS}")
+
+
+@dataclass(frozen=True)
+class Result:
+    resumed_s: float  # from the kill to the first replayed record
+    replayed: int
+    expelled: int  # false alarms: times a live member was dropped from the group
 
 
 def _bootstrap() -> str:
@@ -116,8 +158,19 @@ def _job_file(bootstrap: str, source: str, sink: str) -> str:
     """)
 
 
-def run_once(bootstrap: str, victim: str, member_args: list[str]) -> tuple[float, int]:
-    """One kill; returns (seconds to processing again, records replayed)."""
+def _expulsions(cluster: BenchCluster) -> int:
+    count = 0
+    for m in cluster.members:
+        try:
+            text = m.log_path.read_text(errors="replace")
+        except OSError:
+            continue
+        count += text.count(_EXPELLED)
+    return count
+
+
+def run_once(bootstrap: str, victim: str, member_args: list[str]) -> Result:
+    """One kill of the ``victim`` ("member" or "coordinator") in a fresh cluster."""
     from confluent_kafka.admin import AdminClient
     from jetwake import JobConfig
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -153,20 +206,55 @@ def run_once(bootstrap: str, victim: str, member_args: list[str]) -> tuple[float
         output.stop.set()
         output.join(10)
         replayed = len(output.replays) - replays_before
+        expelled = _expulsions(cluster)
     admin.delete_topics([source, sink])
-    return resumed, replayed
+    return Result(resumed, replayed, expelled)
+
+
+def _side_by_side(name: str, default: float, lowered: float, unit: str, fmt: str,
+                  note: str) -> None:
+    """``name  default X unit | lowered Y unit | ratio R  note`` (R = lowered / default)."""
+    ratio = lowered / default if default else float("nan")
+    print(f"{name:<50} default {default:>7{fmt}} {unit} | lowered {lowered:>7{fmt}} {unit} | "
+          f"ratio {ratio:.2f}  {note}", flush=True)
+
+
+def _run_configuration(config: Configuration, bootstrap: str) -> dict[str, Result]:
+    results = {}
+    for victim in ("member", "coordinator"):
+        r = results[victim] = run_once(bootstrap, victim, config.member_args)
+        figure(f"failover ({config.name}): SIGKILL {victim}", r.resumed_s, "s",
+               f"to processing again ({r.replayed:,} records replayed; {r.expelled} live "
+               "member(s) expelled)")
+    return results
 
 
 def main() -> None:
-    bootstrap = _bootstrap()
-    args = ["--cooperative-threads", "1", "--local-parallelism", "1"]
+    from bench.bench_kafka_peers import _kafka_local, warm_up
     per_interval = RATE * INTERVAL_MS / 1000
+    bootstrap = _bootstrap()
+    print(f"   {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"   default: {DEFAULT.describe}; broker {bootstrap}", flush=True)
+    print(f"   lowered: {LOWERED.describe}", flush=True)
+    default = _run_configuration(DEFAULT, bootstrap)
+    kl = _kafka_local()
+    port = kl.free_port()
+    try:
+        lowered_bootstrap = kl.start_broker(port, broker_config=LOWERED.broker_config)
+        # a fresh broker makes its transaction log at the first init_transactions, which the
+        # members' first writes would otherwise wait for (and sometimes trip over)
+        warm_up(lowered_bootstrap)
+        lowered = _run_configuration(LOWERED, lowered_bootstrap)
+    finally:
+        kl.stop_broker(port)
+    print(f"   load average at the end {os.getloadavg()[0]:.2f}", flush=True)
     for victim in ("member", "coordinator"):
-        resumed, replayed = run_once(bootstrap, victim, args)
-        figure(f"failover: SIGKILL {victim}, to processing again", resumed, "s",
-               "(default settings: session timeout 6000 ms; goal < 10 s)")
-        figure(f"failover: SIGKILL {victim}, records replayed", replayed, "records",
-               f"(one snapshot interval holds {per_interval:,.0f} at {RATE}/s)")
+        d, lo = default[victim], lowered[victim]
+        _side_by_side(f"failover: SIGKILL {victim}, to processing again", d.resumed_s,
+                      lo.resumed_s, "s", ".2f", "(goal < 10 s)")
+        _side_by_side(f"failover: SIGKILL {victim}, records replayed", d.replayed,
+                      lo.replayed, "records", ",.0f",
+                      f"(one snapshot interval holds {per_interval:,.0f} at {RATE}/s)")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run a real Apache Kafka broker (KRaft mode, no ZooKeeper, no Docker) on loopback.
 
-    kafka_local.py up     [--port P] [--nodes N] [--host H]
+    kafka_local.py up     [--port P] [--nodes N] [--host H] [--broker-config KEY=VALUE ...]
                                                    start (no-op if one already answers on P)
     kafka_local.py down   [--port P]               stop what `up` started on P, delete its data
     kafka_local.py status [--port P]
@@ -18,9 +18,16 @@ listeners on P, P+1, P+2 and a three-voter controller quorum on other free ports
 local address than loopback, e.g. a bridge's address that processes in network namespaces
 reach (the controller listeners stay on loopback: only the brokers use them).
 
+--broker-config KEY=VALUE (repeatable; start_broker(broker_config={...})) sets a broker
+property in the server properties of every node, over the defaults written here, e.g.
+group.min.session.timeout.ms=1000 for consumers with a session timeout below Kafka's 6000 ms
+minimum. The properties that wire up the listeners, node ids, quorum and data directories are
+kafka_local's own and cannot be set.
+
 The functions start_broker(), stop_broker(), broker_ready() and broker_status() are the
-importable API (used by tests/kafka_broker.py and bench/bench_kafka_peers.py). Only the standard library is used, except
-confluent_kafka for the Admin-API readiness check, which is imported lazily.
+importable API (used by tests/kafka_broker.py and the benchmarks in bench/). Only the standard
+library is used, except confluent_kafka for the Admin-API readiness check, which is imported
+lazily.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -203,13 +211,56 @@ log4j.logger.kafka.log=WARN
 """
 
 
+# the properties start_broker derives from its port, host and node count: setting them would
+# break the listeners, the quorum or the run directory it manages
+RESERVED_PROPERTIES = frozenset({
+    "process.roles", "node.id", "controller.quorum.voters", "listeners",
+    "advertised.listeners", "controller.listener.names", "inter.broker.listener.name",
+    "listener.security.protocol.map", "log.dirs", "log.dir",
+})
+_PROPERTY_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def parse_broker_config_item(item: str) -> tuple[str, str]:
+    """``"key=value"`` -> ``(key, value)``, or KafkaLocalError saying what is wrong with it."""
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise KafkaLocalError(f"broker setting {item!r} is not KEY=VALUE "
+                              "(e.g. group.min.session.timeout.ms=1000)")
+    return key, value.strip()
+
+
+def validate_broker_config(config: dict[str, object] | None) -> dict[str, str]:
+    """Checks broker properties given by a caller and returns them as strings: keys are Kafka
+    property names (letters, digits, '.', '_', '-') that kafka_local does not set itself, and
+    values are single lines (a line break would add properties of its own)."""
+    result: dict[str, str] = {}
+    for key, value in (config or {}).items():
+        if not isinstance(key, str) or not _PROPERTY_KEY.fullmatch(key):
+            raise KafkaLocalError(f"broker setting {key!r}: not a Kafka property name "
+                                  "(letters, digits, '.', '_' and '-')")
+        if key in RESERVED_PROPERTIES:
+            raise KafkaLocalError(f"broker setting {key!r} is set by kafka_local from --port, "
+                                  "--host and --nodes; it cannot be overridden")
+        if value is None or isinstance(value, (dict, list, tuple, set)):
+            raise KafkaLocalError(f"broker setting {key!r}: value {value!r} is not a string, "
+                                  "number or bool")
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        if "\n" in text or "\r" in text:
+            raise KafkaLocalError(f"broker setting {key!r}: the value must be one line")
+        result[key] = text
+    return result
+
+
 def _cluster_id() -> str:
     """A Kafka cluster id: a random UUID, base64url without padding (22 characters)."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
 def _server_properties(node_id: int, port: int, controller_port: int, voters: str,
-                       nodes: int, data_dir: Path, host: str = HOST) -> str:
+                       nodes: int, data_dir: Path, host: str = HOST,
+                       extra: dict[str, str] | None = None) -> str:
     rf = min(3, nodes)
     props = {
         "process.roles": "broker,controller",
@@ -239,6 +290,8 @@ def _server_properties(node_id: int, port: int, controller_port: int, voters: st
         "log.segment.bytes": 64 * 1024 * 1024,
         "controlled.shutdown.enable": "true",
     }
+    # a backslash starts an escape in a Java properties file: the caller's values are literal
+    props.update({k: v.replace("\\", "\\\\") for k, v in (extra or {}).items()})
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
@@ -420,17 +473,32 @@ def broker_status(port: int) -> dict:
         "alive_pids": _alive_pids(port),
         "run_dir": str(run_dir(port)),
         "kafka_version": (state or {}).get("kafka_version"),
+        "broker_config": (state or {}).get("broker_config", {}),
     }
 
 
+def _check_same_config(port: int, state: dict | None, wanted: dict[str, str]) -> None:
+    """A broker already on `port` is reused only if it was started with the settings asked
+    for now (one started elsewhere is assumed to have none)."""
+    have = (state or {}).get("broker_config", {})
+    if have != wanted:
+        raise KafkaLocalError(f"the broker on port {port} runs with broker settings {have}, "
+                              f"not {wanted}; stop it (`kafka_local.py down --port {port}`) "
+                              "or choose another --port")
+
+
 def start_broker(port: int | None = None, nodes: int = 1,
-                 timeout: float = READY_TIMEOUT, host: str = HOST) -> str:
+                 timeout: float = READY_TIMEOUT, host: str = HOST,
+                 broker_config: dict[str, object] | None = None) -> str:
     """Start a KRaft broker (or an N-node cluster) on host:port.. (host: 127.0.0.1 unless
     given; a local address the clients can reach) and return the bootstrap string once it is
-    ready. Returns at once if a broker already answers on `port`."""
+    ready. `broker_config` sets broker properties over the defaults (see
+    validate_broker_config). Returns at once if a broker already answers on `port` (with
+    `broker_config`, only if it was started with those same settings)."""
     port = default_port() if port is None else int(port)
     if nodes < 1:
         raise KafkaLocalError("--nodes must be >= 1")
+    extra = validate_broker_config(broker_config)
     bootstrap = bootstrap_for(port, nodes, host)
     rdir = run_dir(port)
     with _file_lock(CACHE / "locks" / f"run-{port}.lock"):
@@ -438,12 +506,16 @@ def start_broker(port: int | None = None, nodes: int = 1,
         alive = _alive_pids(port)
         ids = _broker_ids(bootstrap_for(port, 1, host))
         if ids is not None:
+            if extra:
+                _check_same_config(port, state if alive else None, extra)
             existing = (state or {}).get("bootstrap") or bootstrap_for(port, max(len(ids), 1),
                                                                        host)
             _log(f"a Kafka broker is already running on {host}:{port} "
                  f"(brokers {sorted(ids)}{', started by kafka_local' if alive else ''})")
             return existing
         if alive:  # ours, still starting (another `up` racing us) -> just wait for it
+            if extra:
+                _check_same_config(port, state, extra)
             _log(f"broker processes {alive} for port {port} exist; waiting for them")
             if broker_ready(state["bootstrap"], timeout, state.get("nodes_count", 1), alive,
                             rdir / "broker-1.log"):
@@ -476,7 +548,7 @@ def start_broker(port: int | None = None, nodes: int = 1,
         node_state: list[dict] = []
         state = {"port": port, "nodes_count": nodes, "bootstrap": bootstrap,
                  "cluster_id": cluster_id, "kafka_version": kafka_version(),
-                 "nodes": node_state}
+                 "broker_config": extra, "nodes": node_state}
 
         def save_state() -> None:
             (rdir / "state.json").write_text(json.dumps(state, indent=2) + "\n")
@@ -488,7 +560,7 @@ def start_broker(port: int | None = None, nodes: int = 1,
                 props = rdir / f"server-{node_id}.properties"
                 props.write_text(_server_properties(node_id, port + i, controller_ports[i],
                                                     voters, nodes, rdir / f"data-{node_id}",
-                                                    host))
+                                                    host, extra))
                 _run_checked([*jvm_common, "kafka.tools.StorageTool", "format", "-t",
                               cluster_id, "-c", str(props), "--ignore-formatted"],
                              f"formatting storage for node {node_id}",
@@ -506,8 +578,9 @@ def start_broker(port: int | None = None, nodes: int = 1,
                                    "controller_port": controller_ports[i], "log": str(log)})
                 save_state()
             pids = [n["pid"] for n in node_state]
+            settings = "".join(f", {k}={v}" for k, v in extra.items())
             _log(f"started Kafka {kafka_version()} ({nodes} node{'s' * (nodes > 1)}, "
-                 f"pids {pids}); waiting for {bootstrap} ...")
+                 f"pids {pids}{settings}); waiting for {bootstrap} ...")
             if not broker_ready(bootstrap, timeout, nodes, pids, rdir / "broker-1.log"):
                 raise KafkaLocalError(
                     f"Kafka on {bootstrap} was not ready within {timeout:.0f}s; last lines of "
@@ -543,11 +616,31 @@ def stop_broker(port: int | None = None, timeout: float = STOP_TIMEOUT) -> bool:
 # CLI
 # --------------------------------------------------------------------------------------------
 
+def _config_arg(item: str) -> tuple[str, str]:
+    try:
+        key, value = parse_broker_config_item(item)
+        validate_broker_config({key: value})
+    except KafkaLocalError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return key, value
+
+
+def _config_dict(items: list[tuple[str, str]], ap: argparse.ArgumentParser) -> dict[str, str]:
+    config: dict[str, str] = {}
+    for key, value in items:
+        if key in config and config[key] != value:
+            ap.error(f"argument --broker-config: {key} is given twice ({config[key]!r} and "
+                     f"{value!r})")
+        config[key] = value
+    return config
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    parsers: dict[str, argparse.ArgumentParser] = {}
     for name in ("up", "down", "status"):
-        p = sub.add_parser(name)
+        p = parsers[name] = sub.add_parser(name)
         p.add_argument("--port", type=int, default=None,
                        help=f"client port (default $KAFKA_PORT, else {DEFAULT_PORT})")
         if name == "up":
@@ -556,11 +649,16 @@ def main(argv: list[str] | None = None) -> int:
                            help=f"address the client listener listens on and advertises "
                                 f"(default {HOST})")
             p.add_argument("--timeout", type=float, default=READY_TIMEOUT)
+            p.add_argument("--broker-config", action="append", default=[], type=_config_arg,
+                           metavar="KEY=VALUE",
+                           help="a broker property over the defaults, e.g. "
+                                "group.min.session.timeout.ms=1000 (repeatable)")
     args = ap.parse_args(argv)
     port = default_port() if args.port is None else args.port
     try:
         if args.cmd == "up":
-            bootstrap = start_broker(port, args.nodes, args.timeout, args.host)
+            bootstrap = start_broker(port, args.nodes, args.timeout, args.host,
+                                     _config_dict(args.broker_config, parsers["up"]))
             print(bootstrap)
         elif args.cmd == "down":
             if not stop_broker(port):
@@ -568,8 +666,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             st = broker_status(port)
             if st["answering"]:
+                settings = "".join(f" {k}={v}" for k, v in st["broker_config"].items())
                 print(f"running: {st['bootstrap']} brokers={st['brokers']} "
-                      f"pids={st['alive_pids'] or '(not ours)'} version={st['kafka_version']}")
+                      f"pids={st['alive_pids'] or '(not ours)'} version={st['kafka_version']}"
+                      f"{settings}")
             elif st["alive_pids"]:
                 print(f"starting or unhealthy: pids={st['alive_pids']} (see {st['run_dir']})")
             else:
