@@ -7,6 +7,7 @@ session, and a first small run that starts the Python workers). The word count r
 files (one Spark task per file, as a backfill reads its input); the member reads the same
 files. Each pipeline runs ``BACKFILL_ROUNDS`` times (3) on each, alternately, and the best run
 of each counts: on a shared 2-core host one run varies by up to 3x with what else runs.
+``BACKFILL_CASES`` (``words,windows`` by default) picks the pipelines.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .report import figure, line, timer
 
 WORDS = int(os.environ.get("BACKFILL_WORDS", 10_000_000))
 ROUNDS = int(os.environ.get("BACKFILL_ROUNDS", 3))
+CASES = os.environ.get("BACKFILL_CASES", "words,windows").split(",")
 FILES = 8
 
 
@@ -80,7 +82,8 @@ def main() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     directory = tempfile.mkdtemp(prefix="jetwake-bench-backfill-")
     try:
-        write_words(directory)
+        if "words" in CASES:
+            write_words(directory)
         events = make_events()
         runner = SparkRunner(master="local[2]", conf={"spark.default.parallelism": "2"})
         with timer() as t_start:
@@ -90,10 +93,13 @@ def main() -> None:
                 runner.run(tiny(), member=m)
         figure("backfill: Spark local[2] start-up", t_start[0], "s",
                f"(session; a first small run {t_first[0]:.2f} s)")
-        cases = [(f"word count, {WORDS / 1e6:g}M words", lambda: word_count(directory), WORDS),
+        cases = [(f"word count, {WORDS / 1e6:g}M words", lambda: word_count(directory), WORDS,
+                  "words"),
                  (f"sliding 10s/1s count, {EVENTS // 1_000_000}M ev", lambda: windows(events),
-                  EVENTS)]
-        for name, build, n in cases:
+                  EVENTS, "windows")]
+        for name, build, n, case in cases:
+            if case not in CASES:
+                continue
             best_member = best_spark = float("inf")
             for _ in range(ROUNDS):
                 with Member(local_parallelism=2) as m:

@@ -276,28 +276,34 @@ def sliding_no_combine(rows: Iterable[Row], op: AggregateOperation, key_fn: Call
 
 def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callable | None,
                    slide: int, input_index: int, n_inputs: int,
-                   late: Callable[[int], None], columnar: bool = False) -> Iterator[tuple]:
+                   late: Callable[[int], None], columnar: bool = False,
+                   partitions: int = 1,
+                   partition_fn: Callable[[Any], int] = hash) -> Iterator[tuple]:
     """The first stage of sliding and tumbling windows, over one Spark partition's chunks of
     ``(ts, wm, item)`` (``columnar``: chunks as the three lists ``(times, watermarks, items)``,
-    as the watermark stage makes them): drops the late events, and accumulates the others per
-    frame and key with the operation's chunk-wise ``accumulate_grouped`` (as the member's
-    accumulating processor does: one call per chunk when the chunk lies in one frame); yields
-    ``(key, [(frame, acc)])`` for the shuffle by key (with several inputs,
-    ``(key, [(input index, [(frame, acc)])])``)."""
+    as the watermark stage makes them, each chunk's watermarks non-decreasing): drops the late
+    events, and accumulates the others per frame and key with the operation's chunk-wise
+    ``accumulate_grouped`` (as the member's accumulating processor does: one call per chunk
+    when the chunk lies in one frame); yields, for each of the ``partitions`` partitions of
+    the shuffle that has keys here, ``(partition, [(input index, frame, {key: acc})])``:
+    ``partition_fn(key) % partitions`` places a key."""
     frames: dict = {}
     n_late = 0
     accumulate_grouped = op.accumulate_grouped
     for chunk in chunks:
         if columnar:
             tss, wms, xs = chunk
+            if not tss:
+                continue
+            top = wms[-1]  # the highest: a partition's watermarks never go down
         else:
             tss, wms, xs = list(map(_TS, chunk)), list(map(_WM, chunk)), list(map(_ITEM, chunk))
-        if not tss:
-            continue
+            if not tss:
+                continue
+            marks = set(wms)
+            marks.discard(None)
+            top = max(marks) if marks else None
         lo = min(tss)
-        marks = set(wms)
-        marks.discard(None)
-        top = max(marks) if marks else None
         if top is not None and lo < top - top % slide:
             # an event is late when it is before the frame of the watermark it met
             keep = [i for i, (t, w) in enumerate(zip(tss, wms))
@@ -333,42 +339,56 @@ def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callab
                                else repeat(None, len(items)), items)
     if n_late:
         late(n_late)
-    # one record per key, its frames together: the shuffle's cost is per record
-    by_key: dict = {}
-    for f, table in frames.items():
-        for k, acc in table.items():
-            mine = by_key.get(k)
-            if mine is None:
-                by_key[k] = [(f, acc)]
-            else:
-                mine.append((f, acc))
-    if n_inputs == 1:
-        yield from by_key.items()
-    else:
-        for k, fas in by_key.items():
-            yield k, [(input_index, fas)]
+    if partitions == 1:
+        if frames:
+            yield 0, [(input_index, f, table) for f, table in frames.items()]
+        return
+    # a record per partition of the shuffle, each frame's accumulators of that partition's
+    # keys in one dict: a few records of plain dicts rather than one per key (the shuffle's
+    # Python cost is per record and per tuple); each key is one object in all the frames, so
+    # that it is pickled once per record
+    keys: dict = {}
+    for table in frames.values():
+        keys.update(dict.fromkeys(table))
+    mine: list[list] = [[] for _ in range(partitions)]
+    for k in keys:
+        mine[partition_fn(k) % partitions].append(k)
+    for p, ks in enumerate(mine):
+        if not ks:
+            continue
+        out = []
+        for f, table in frames.items():
+            part = {k: table[k] for k in ks if k in table}
+            if part:
+                out.append((input_index, f, part))
+        yield p, out
 
 
-def merge_frames(pairs: Iterable[tuple], ops: list, combine: Callable) -> dict:
-    """The second stage's input, one Spark partition of ``(key, [(frame, acc)])`` (with
-    several inputs ``(key, [(input index, [(frame, acc)])])``): every key's accumulator per
-    frame, the partial ones of the tasks combined."""
+def merge_frames(records: Iterable[tuple], ops: list, combine: Callable) -> dict:
+    """The second stage's input, one Spark partition of ``(partition, [(input index, frame,
+    {key: acc})])``: every key's accumulator per frame ``{key: {frame: acc}}`` (with several
+    inputs ``{key: {frame: [acc of each input]}}``), the partial ones of the tasks combined."""
     n = len(ops)
     keys: dict = {}
-    for k, fas in pairs:
-        frames = keys.get(k)
-        if frames is None:
-            frames = keys[k] = {}
-        if n > 1:
-            for i, parts in fas:
-                for f, part in parts:
+    get_key = keys.get
+    for _, parts in records:
+        for i, f, table in parts:
+            if n > 1:
+                op_combine = ops[i].combine
+                for k, part in table.items():
+                    frames = get_key(k)
+                    if frames is None:
+                        frames = keys[k] = {}
                     accs = frames.get(f)
                     if accs is None:
                         accs = frames[f] = [o.create() for o in ops]
-                    accs[i] = ops[i].combine(accs[i], part)
-            continue
-        get = frames.get
-        for f, a in fas:
-            mine = get(f, _MISSING)
-            frames[f] = a if mine is _MISSING else combine(mine, a)
+                    accs[i] = op_combine(accs[i], part)
+                continue
+            for k, a in table.items():
+                frames = get_key(k)
+                if frames is None:
+                    keys[k] = {f: a}
+                    continue
+                mine = frames.get(f, _MISSING)
+                frames[f] = a if mine is _MISSING else combine(mine, a)
     return keys

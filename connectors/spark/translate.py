@@ -743,6 +743,8 @@ class Translator:
             # accumulators go by key to the task that combines them and emits the key's windows
             n = len(ops)
             op = ops[0] if n == 1 else composite_operation(ops)
+            shuffled = self.partitions
+            from pyspark.rdd import portable_hash
             parts = []
             for i, up in enumerate(ups):
                 kf = key_fns[i] if keyed_stage else None
@@ -756,7 +758,8 @@ class Translator:
                     chunks = up.chunks(counters)
                 parts.append(chunks.mapPartitions(
                     lambda it, kf=kf, i=i, columnar=columnar: keyed.frame_partials(
-                        it, ops[i], kf, slide, i, n, late, columnar)))
+                        it, ops[i], kf, slide, i, n, late, columnar, shuffled,
+                        portable_hash)))
             pairs = parts[0] if n == 1 else self.sc.union(parts)
             combine = op.combine
 
@@ -764,7 +767,8 @@ class Translator:
                 for k, frames in keyed.merge_frames(it, ops, combine).items():
                     yield from keyed.frame_windows(k, frames, op, size, slide,
                                                    keyed_stage, cut, name, n, export)
-            tagged = pairs.partitionBy(self.partitions).mapPartitions(windows)
+            # the records are already one per partition of the shuffle, numbered
+            tagged = pairs.partitionBy(shuffled, _own_number).mapPartitions(windows)
         else:
             op = ops[0]
             kf = key_fns[0] if keyed_stage else None
@@ -957,3 +961,7 @@ def _none_lowest(x: Any) -> Any:
 
 def _first(k: tuple) -> int:
     return k[0]
+
+
+def _own_number(k: int) -> int:
+    return k
