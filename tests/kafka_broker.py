@@ -169,8 +169,11 @@ def kafka_topic(kafka_bootstrap, request):
 
     def new_topic(partitions: int = 1, replication_factor: int = 1) -> str:
         name = f"jetwake-{base}-{uuid.uuid4().hex[:10]}"
+        # no retention by time: tests produce records with fixed event times years in the
+        # past, which a broker's retention check would otherwise delete in the middle of a test
         fut = admin.create_topics([NewTopic(name, num_partitions=partitions,
-                                            replication_factor=replication_factor)],
+                                            replication_factor=replication_factor,
+                                            config={"retention.ms": "-1"})],
                                   operation_timeout=30)[name]
         fut.result(timeout=60)
         created.append(name)
