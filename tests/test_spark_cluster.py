@@ -58,6 +58,33 @@ def test_the_backfill_command_runs_a_pipeline_file_on_spark(spark_installed, tmp
     assert lines == ["be 100", "to 200"]
 
 
+FAILING_FILE = '''
+from jetwake import Pipeline, Sinks, Sources
+
+def parse(x):
+    return 10 // (x - 5)
+
+pipeline = Pipeline()
+pipeline.read_from(Sources.items(range(10))).map(parse).set_name("parse").write_to(Sinks.noop())
+'''
+
+
+def test_the_backfill_command_reports_a_failing_function_where_it_raised(spark_installed,
+                                                                          tmp_path):
+    f = tmp_path / "failing.py"
+    f.write_text(FAILING_FILE)
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run([str(BIN / "jetwake"), "backfill", str(f), "--master", "local[1]",
+                           "--conf", "spark.ui.enabled=false"],
+                          capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode != 0
+    # the worker's traceback names the line of the user's function, the last line the error
+    assert f'File "{f}", line 5, in parse' in proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "jetwake: error: stage 'parse' (map) failed in a Spark task: ZeroDivisionError: "
+        "integer division or modulo by zero")
+
+
 def test_the_backfill_command_refuses_a_bad_conf_and_a_snapshot_with_no_member(tmp_path):
     f = tmp_path / "wc.py"
     f.write_text(PIPELINE_FILE.replace("OUT", repr(str(tmp_path / "out"))))

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jetwake import (
     AggregateOperation, AggregateOperations as ops, Member, Pipeline, PipelineError, Sinks,
-    Sources, WindowDefinition,
+    Sources, TimestampError, WindowDefinition,
 )
 from jetwake.engine.processors.pass_through import PassThroughProcessor
 
@@ -201,6 +201,29 @@ def test_a_custom_transform_fails_before_spark_starts_naming_the_stage(spark_run
         .write_to(Sinks.noop())
     with pytest.raises(PipelineError, match="'my-processors' is a custom_transform"):
         spark_runner.run(p)
+
+
+def test_a_function_that_raises_in_a_task_fails_the_run_naming_its_stage(spark_runner):
+    from jetwake.connectors.spark import BackfillTaskError
+    p = Pipeline()
+    p.read_from(Sources.items(range(10))).map(lambda x: 10 // (x - 5)).set_name("divide") \
+        .write_to(Sinks.list("out"))
+    with Member() as m, pytest.raises(BackfillTaskError) as failed:
+        spark_runner.run(p, member=m)
+    assert str(failed.value) == ("stage 'divide' (map) failed in a Spark task: "
+                                 "ZeroDivisionError: integer division or modulo by zero")
+    assert failed.value.error_type == "ZeroDivisionError"
+    # the worker's traceback points at the user's function
+    assert "10 // (x - 5)" in failed.value.worker_traceback
+
+
+def test_an_error_of_jetwake_in_a_task_is_raised_as_itself(spark_runner):
+    p = Pipeline()
+    p.read_from(Sources.items([(1, 10), (2, None)])).with_timestamps(lambda e: e[1], 0) \
+        .write_to(Sinks.list("out"))
+    with Member() as m, pytest.raises(TimestampError,
+                                      match="cannot read the timestamp of item \\(2, None\\)"):
+        spark_runner.run(p, member=m)
 
 
 def test_an_unbounded_source_other_than_kafka_is_refused():

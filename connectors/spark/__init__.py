@@ -1,5 +1,7 @@
 """The Spark backfill: a Pipeline run on PySpark, handing off to a streaming job."""
 
-from jetwake.connectors.spark.runner import BackfillResult, SparkMasterError, SparkRunner
+from jetwake.connectors.spark.runner import (
+    BackfillResult, BackfillTaskError, SparkMasterError, SparkRunner,
+)
 
-__all__ = ["SparkRunner", "BackfillResult", "SparkMasterError"]
+__all__ = ["SparkRunner", "BackfillResult", "BackfillTaskError", "SparkMasterError"]

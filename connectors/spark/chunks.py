@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from jetwake.engine.execution.execution_service import collect_less_often
 from jetwake.engine.operations.watermark_policy import NO_WATERMARK
-from jetwake.engine.pipeline.fusion import stateless_function
+from jetwake.engine.pipeline.fusion import note_stage, stateless_function
 
 __all__ = ["CHUNK", "chunked", "stateless_chunk_function", "run_chain", "Step", "watermarks_before",
            "worker_gc"]
@@ -69,13 +69,20 @@ def _timed_flat_map(fn: Callable[[Any], Any]) -> Callable[[list], list]:
 _TIMED = {"map": _timed_map, "filter": _timed_filter, "flat_map": _timed_flat_map}
 
 
-def stateless_chunk_function(kind: str, fn: Callable[[Any], Any],
-                             timed: bool) -> Callable[[list], list]:
+def stateless_chunk_function(kind: str, fn: Callable[[Any], Any], timed: bool,
+                             stage: str) -> Callable[[list], list]:
     """The chunk function of a stateless stage: the member's semantics over plain items, or the
-    same over ``(ts, wm, item)`` elements whose results keep the item's time and watermark."""
-    if not timed:
-        return stateless_function(kind, fn)
-    return _TIMED[kind](fn)
+    same over ``(ts, wm, item)`` elements whose results keep the item's time and watermark. An
+    exception it raises names ``stage``, as in the member (the run's failure reports it)."""
+    apply = stateless_function(kind, fn) if not timed else _TIMED[kind](fn)
+
+    def run(chunk: list) -> list:
+        try:
+            return apply(chunk)
+        except Exception as e:
+            note_stage(e, f"stage {stage!r} ({kind})")
+            raise
+    return run
 
 
 def run_chain(chunks: Iterable[list], steps: Sequence[Step], counters: Any) -> Iterator[list]:

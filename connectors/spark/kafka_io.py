@@ -239,6 +239,9 @@ def write_partition(index: int, chunks: Iterator[list], fmt: Any,
     props["enable.idempotence"] = True
     if transactional_id is not None:
         props["transactional.id"] = transactional_id
+        # the transaction spans the whole task, which may write for minutes: librdkafka's
+        # default (60 s) would let the broker abort it; 15 min is the brokers' default maximum
+        props.setdefault("transaction.timeout.ms", 900_000)
     producer = Producer(props)
     errors: list = []
 

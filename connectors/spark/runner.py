@@ -26,9 +26,10 @@ from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.pipeline.pipeline import Pipeline
 from jetwake.connectors.spark.handoff import check_snapshot_name, write_snapshot
 from jetwake.connectors.spark.kafka_io import parse_until
+from jetwake.connectors.spark.task_failures import BackfillTaskError, spark_task_failure
 from jetwake.connectors.spark.translate import Translator, check_pipeline
 
-__all__ = ["SparkRunner", "BackfillResult", "SparkMasterError"]
+__all__ = ["SparkRunner", "BackfillResult", "BackfillTaskError", "SparkMasterError"]
 
 
 class SparkMasterError(JetwakeError):
@@ -229,17 +230,23 @@ class SparkRunner:
         counters = sc.accumulator({}, _Sums())
         tr = Translator(sc, pipeline, member, until, export_snapshot is not None, counters,
                         sc.defaultParallelism)
-        tr.build()
-        tr.run_sinks()
-        snapshot = None
-        if export_snapshot is not None:
-            def entries():
-                yield from tr.driver_state
-                for rdd in tr.state_rdds:
-                    yield from rdd.toLocalIterator()
-            write_snapshot(member, export_snapshot, f"backfill of {pipeline!r}"[:200],
-                           entries())
-            snapshot = export_snapshot
+        try:
+            tr.build()
+            tr.run_sinks()
+            snapshot = None
+            if export_snapshot is not None:
+                def entries():
+                    yield from tr.driver_state
+                    for rdd in tr.state_rdds:
+                        yield from rdd.toLocalIterator()
+                write_snapshot(member, export_snapshot, f"backfill of {pipeline!r}"[:200],
+                               entries())
+                snapshot = export_snapshot
+        except Exception as e:
+            failure = spark_task_failure(e)
+            if failure is None:
+                raise
+            raise failure from None  # the JVM's pages of frames say nothing of the pipeline
         sums = dict(counters.value)
         stages: dict = {}
         for t in pipeline.transforms:

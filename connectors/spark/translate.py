@@ -381,7 +381,7 @@ class Translator:
 
     def _StatelessTransform(self, t: StatelessTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
-        fn = stateless_chunk_function(t.op, t.fn, up.timed)
+        fn = stateless_chunk_function(t.op, t.fn, up.timed, t.name)
         return up.then((fn, f"out:{t.name}"))
 
     def _RebalanceTransform(self, t: RebalanceTransform) -> StageOut:

@@ -29,7 +29,7 @@ from jetwake.engine.core.edge_transform import EdgeTransform
 from jetwake.engine.pipeline.event_time import adapt_to_timestamped, unwrap
 
 __all__ = ["FusedStep", "FusedChain", "StageMetrics", "stateless_function", "stateless_step",
-           "unwrap_step", "internal_step", "fused_stage_of", "fused_stage_metrics"]
+           "unwrap_step", "internal_step", "note_stage", "stage_of_note", "fused_stage_of", "fused_stage_metrics"]
 
 
 # --- the semantics, once -------------------------------------------------------------------
@@ -145,8 +145,8 @@ class FusedChain(EdgeTransform):
 
     def _name_stage(self, error: Exception, index: int) -> None:
         step = self.steps[index]
-        error.add_note(f"{_NOTE_PREFIX}stage {step.stage!r} ({step.kind}) fused into vertex "
-                       f"{self.vertex!r}")
+        note_stage(error, f"stage {step.stage!r} ({step.kind}) fused into vertex "
+                          f"{self.vertex!r}")
 
     def stage_counts(self) -> Iterator[tuple[FusedStep, int, int]]:
         """``(step, items in, items out)`` of every step reported in the metrics."""
@@ -160,12 +160,26 @@ class FusedChain(EdgeTransform):
                 f"on {self.vertex!r})")
 
 
+def note_stage(error: BaseException, where: str) -> None:
+    """Adds the note :func:`fused_stage_of` reads: ``where`` names the stage that raised."""
+    error.add_note(_NOTE_PREFIX + where)
+
+
 def fused_stage_of(error: BaseException) -> str | None:
     """For an exception raised in a fused stage, "stage 'name' (kind) fused into vertex
     'vertex'"; None for any other."""
     for note in getattr(error, "__notes__", ()):
-        if isinstance(note, str) and note.startswith(_NOTE_PREFIX):
-            return note[len(_NOTE_PREFIX):]
+        stage = stage_of_note(note)
+        if stage is not None:
+            return stage
+    return None
+
+
+def stage_of_note(note: Any) -> str | None:
+    """The stage a note of :func:`note_stage` names (also as printed in a traceback's text);
+    None for any other note."""
+    if isinstance(note, str) and note.startswith(_NOTE_PREFIX):
+        return note[len(_NOTE_PREFIX):]
     return None
 
 

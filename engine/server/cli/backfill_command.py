@@ -116,7 +116,7 @@ def _client(args: argparse.Namespace, for_snapshot: bool) -> Any:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from jetwake.connectors.spark import SparkRunner
+    from jetwake.connectors.spark import BackfillTaskError, SparkRunner
     from jetwake.engine.pipeline.pipeline import Pipeline
 
     conf = _conf(args.conf)
@@ -146,6 +146,9 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                             member=member)
     except ImportError as e:  # pyspark missing: one line, not a traceback
         raise CliError(str(e)) from None
+    except BackfillTaskError as e:  # the user's function raised: where, then the one line
+        sys.stderr.write(e.worker_traceback + "\n")
+        raise
     finally:
         runner.stop()
     doc = {"offsets": {t: {str(p): o for p, o in ps.items()}
