@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from jetwake.engine.core.processor import BroadcastKey
 from jetwake.engine.operations.aggregate import AggregateOperation
+from jetwake.engine.operations.window_definition import items_by_frame
 from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
 from jetwake.engine.processors.event_time_base import call_with_arity
 from jetwake.engine.processors.map_stateful import END_OF_TIME
@@ -323,15 +324,7 @@ def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callab
             accumulate_grouped(table, map(key_fn, xs) if key_fn is not None
                                else repeat(None, len(xs)), xs)
             continue
-        by_frame: dict = {}
-        for t, x in zip(tss, xs):
-            f = t - t % slide
-            bucket = by_frame.get(f)
-            if bucket is None:
-                by_frame[f] = [x]
-            else:
-                bucket.append(x)
-        for f, items in by_frame.items():
+        for f, items in items_by_frame(zip(tss, xs), slide).items():
             table = frames.get(f)
             if table is None:
                 table = frames[f] = {}

@@ -9,11 +9,26 @@ A session window groups the events of a key that are less than ``gap`` apart.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from jetwake.engine.core.errors import PipelineError
 
-__all__ = ["WindowDefinition"]
+__all__ = ["WindowDefinition", "items_by_frame"]
+
+
+def items_by_frame(pairs: Iterable[tuple[int, Any]], slide: int) -> dict[int, list]:
+    """The items of ``(time, item)`` pairs by the start of their frame (frames of ``slide``,
+    aligned to 0), each frame's in arrival order: a window stage accumulates a frame's items
+    in one call rather than an item at a time."""
+    by_frame: dict[int, list] = {}
+    for t, x in pairs:
+        f = t - t % slide
+        bucket = by_frame.get(f)
+        if bucket is None:
+            by_frame[f] = [x]
+        else:
+            bucket.append(x)
+    return by_frame
 
 
 def _positive_int(value: Any, what: str) -> int:

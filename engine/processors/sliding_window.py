@@ -29,7 +29,7 @@ from itertools import repeat
 from typing import Any, Callable, Sequence
 
 from jetwake.engine.operations.aggregate import AggregateOperation, _identity
-from jetwake.engine.operations.window_definition import WindowDefinition
+from jetwake.engine.operations.window_definition import WindowDefinition, items_by_frame
 from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
 from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
 from jetwake.engine.operations.watermark_policy import NO_WATERMARK
@@ -160,15 +160,7 @@ class FrameAccumulateProcessor(_WindowBase):
             keys = map(key_fn, payloads) if key_fn is not None else repeat(None, len(payloads))
             op.accumulate_grouped(self._tables(f_lo)[ordinal], keys, payloads)
             return
-        by_frame: dict[int, list] = {}
-        for t, x in items:
-            f = t - t % slide
-            bucket = by_frame.get(f)
-            if bucket is None:
-                by_frame[f] = [x]
-            else:
-                bucket.append(x)
-        for f, payloads in by_frame.items():
+        for f, payloads in items_by_frame(items, slide).items():
             keys = map(key_fn, payloads) if key_fn is not None else repeat(None, len(payloads))
             op.accumulate_grouped(self._tables(f)[ordinal], keys, payloads)
 
