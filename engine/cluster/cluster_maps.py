@@ -53,8 +53,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import ItemsView, KeysView, MutableMapping, Sequence, ValuesView
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from collections.abc import Sequence
+from typing import Any, Callable, Iterable, Iterator
 
 from confluent_kafka import (
     OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition,
@@ -70,6 +70,7 @@ from jetwake.engine.cluster.membership import _check_cluster_name
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.core.partitioning import PARTITION_COUNT, partition_of
 from jetwake.engine.core.serialization import dumps, loads
+from jetwake.engine.data.map_surface import KEEP, Change, MapSurface, _decode
 from jetwake.engine.data.named_maps import PUT, REMOVE, JournalBatch, JournalEvent
 
 __all__ = ["ClusterMaps", "ClusterMap", "ClusterList", "map_topic", "list_topic",
@@ -122,16 +123,6 @@ def _check_name(name: Any, what: str, topic: Callable[[str], str]) -> str:
                          f"allows {_MAX_TOPIC_NAME}; use at most "
                          f"{_MAX_TOPIC_NAME - len(topic(name)) + len(name)} characters")
     return name
-
-
-def _value_bytes(value: Any) -> bytes:
-    if value is None:
-        raise ValueError("None is not a valid map value (it means absent): use remove()")
-    return dumps(value)
-
-
-def _decode(vb: bytes | None) -> Any:
-    return None if vb is None else loads(vb)
 
 
 # --- writing --------------------------------------------------------------------------------
@@ -673,26 +664,19 @@ def _ensure_list_topic(admin: AdminClient, topic: str, timeout: float = 30.0) ->
         time.sleep(0.05)
 
 
-class _ItemsView(ItemsView):
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        return self._mapping.entries()
-
-
-class _ValuesView(ValuesView):
-    def __iter__(self) -> Iterator[Any]:
-        return (v for _, v in self._mapping.entries())
-
-
-class ClusterMap(MutableMapping):
+class ClusterMap(MapSurface):
     """A map of the cluster, with the API of :class:`~jetwake.engine.data.named_maps.KeyValueMap`
-    (get it from :meth:`ClusterMaps.get_map`; see the module doc for what is and is not
-    atomic)."""
+    (get it from :meth:`ClusterMaps.get_map`).
 
-    _MISSING = object()
+    What a change returns as the previous value is what this member saw, and a change is atomic
+    among this member's threads only: another member changing the same key at the same time
+    may overwrite it (see the module doc). ``put_all`` sends every record, then waits for all
+    acknowledgements together; it is not atomic: a failure part way may leave some written.
+    """
 
     def __init__(self, owner: ClusterMaps, name: str, view: _MapView) -> None:
+        super().__init__(name)
         self._owner = owner
-        self._name = name
         self._view = view
         self.topic = view.topic
         # one read-modify-write at a time on this member (not across members)
@@ -701,35 +685,31 @@ class ClusterMap(MutableMapping):
         self._journal: Consumer | None = None
         self._journal_pos = -1
 
-    @property
-    def name(self) -> str:
-        """The map's name."""
-        return self._name
-
     def __repr__(self) -> str:
         return f"ClusterMap({self._name!r}, topic={self.topic!r})"
 
-    # -- reading --------------------------------------------------------------------------
-
-    def _lookup(self, key: Any) -> bytes | None:
-        kb = dumps(key)
+    def _read(self, partition: int, kb: bytes) -> bytes | None:
         self._owner._catch_up(self._view)
         with self._view.cond:
-            return self._view.parts[partition_of(key)].get(kb)
+            return self._view.parts[partition].get(kb)
 
-    def get(self, key: Any, default: Any = None) -> Any:
-        """The value of ``key``, or ``default``."""
-        vb = self._lookup(key)
-        return default if vb is None else loads(vb)
+    def _modify(self, partition: int, kb: bytes, change: Change) -> bytes | None:
+        with self._rmw:
+            old = self._read(partition, kb)
+            new = change(old)
+            if new is not KEEP:
+                self._write([(kb, new)])
+        return old
 
-    def __getitem__(self, key: Any) -> Any:
-        vb = self._lookup(key)
-        if vb is None:
-            raise KeyError(key)
-        return loads(vb)
+    def _put_entries(self, encoded: list[tuple[int, bytes, bytes]]) -> None:
+        self._write((kb, vb) for _, kb, vb in encoded)
 
-    def __contains__(self, key: Any) -> bool:
-        return self._lookup(key) is not None
+    def _entry_bytes(self, partitions: list[int] | None) -> Iterator[tuple[bytes, bytes]]:
+        wanted = range(PARTITION_COUNT) if partitions is None else partitions
+        self._owner._catch_up(self._view)
+        with self._view.cond:
+            chosen = [sorted(self._view.parts[p].items()) for p in wanted]
+        return (entry for part in chosen for entry in part)
 
     def size(self) -> int:
         """The number of entries."""
@@ -737,124 +717,9 @@ class ClusterMap(MutableMapping):
         with self._view.cond:
             return self._view.count
 
-    def __len__(self) -> int:
-        return self.size()
-
-    def entries(self, partitions: Iterable[int] | None = None) -> Iterator[tuple[Any, Any]]:
-        """(key, value) pairs of the given partitions (all when None), as the map was when
-        the call started; ordered by partition, then by serialized key."""
-        if partitions is None:
-            wanted = range(PARTITION_COUNT)
-        else:
-            wanted = sorted(set(partitions))
-            bad = [p for p in wanted if not (isinstance(p, int) and 0 <= p < PARTITION_COUNT)]
-            if bad:
-                raise ValueError(f"partitions must be in [0, {PARTITION_COUNT}), got {bad}")
-        self._owner._catch_up(self._view)
-        with self._view.cond:
-            chosen = [sorted(self._view.parts[p].items()) for p in wanted]
-        return ((loads(kb), loads(vb)) for part in chosen for kb, vb in part)
-
-    def __iter__(self) -> Iterator[Any]:
-        return (k for k, _ in self.entries())
-
-    def keys(self) -> KeysView:
-        return KeysView(self)
-
-    def items(self) -> ItemsView:
-        return _ItemsView(self)
-
-    def values(self) -> ValuesView:
-        return _ValuesView(self)
-
-    # -- writing --------------------------------------------------------------------------
-
     def _write(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
         last = self._owner._writer().write(self.topic, records, f"map {self._name!r}")
         self._view.known_end = max(self._view.known_end, last + 1)
-
-    def put(self, key: Any, value: Any) -> Any:
-        """Store ``value`` under ``key``; the previous value (as this member saw it), or None."""
-        kb, vb = dumps(key), _value_bytes(value)
-        with self._rmw:
-            old = self._lookup(key)
-            self._write([(kb, vb)])
-        return _decode(old)
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self.put(key, value)
-
-    def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
-        """Store many entries: every record is sent, then acknowledged together (one event
-        each, in order). Not atomic: a failure part way may leave some of them written."""
-        pairs = entries.items() if isinstance(entries, Mapping) else entries
-        encoded = [(dumps(k), _value_bytes(v)) for k, v in pairs]
-        if encoded:
-            self._write(encoded)
-
-    def update(self, other: Any = (), /, **kwds: Any) -> None:
-        """Like ``dict.update``, as one :meth:`put_all`."""
-        if isinstance(other, Mapping):
-            pairs = list(other.items())
-        elif hasattr(other, "keys"):
-            pairs = [(k, other[k]) for k in other.keys()]
-        else:
-            pairs = list(other)
-        pairs.extend(kwds.items())
-        self.put_all(pairs)
-
-    def put_if_absent(self, key: Any, value: Any) -> Any:
-        """Store ``value`` only when ``key`` is absent; the existing value, or None if stored
-        (atomic on this member only)."""
-        kb, vb = dumps(key), _value_bytes(value)
-        with self._rmw:
-            old = self._lookup(key)
-            if old is None:
-                self._write([(kb, vb)])
-        return _decode(old)
-
-    def setdefault(self, key: Any, default: Any = None) -> Any:
-        """The value of ``key``, storing ``default`` first when absent."""
-        existing = self.put_if_absent(key, default)
-        return default if existing is None else existing
-
-    def remove(self, key: Any) -> Any:
-        """Remove ``key``; its previous value, or None when it was absent (then nothing is
-        written)."""
-        kb = dumps(key)
-        with self._rmw:
-            old = self._lookup(key)
-            if old is not None:
-                self._write([(kb, None)])
-        return _decode(old)
-
-    def __delitem__(self, key: Any) -> None:
-        if self.remove(key) is None:
-            raise KeyError(key)
-
-    def pop(self, key: Any, default: Any = _MISSING) -> Any:
-        """Remove ``key`` and return its value (or ``default``; KeyError without one)."""
-        old = self.remove(key)
-        if old is not None:
-            return old
-        if default is self._MISSING:
-            raise KeyError(key)
-        return default
-
-    def merge(self, key: Any, value: Any, merge_fn: Callable[[Any, Any], Any]) -> Any:
-        """Store ``merge_fn(old, value)``, or ``value`` when absent; None from it removes.
-        Returns the new value (None when the key ends up absent). Atomic on this member only:
-        another member merging into the same key at the same time may overwrite it."""
-        kb = dumps(key)
-        with self._rmw:
-            old = self._lookup(key)
-            new = value if old is None else merge_fn(loads(old), value)
-            if new is None:
-                if old is not None:
-                    self._write([(kb, None)])
-                return None
-            self._write([(kb, _value_bytes(new))])
-        return new
 
     def clear(self) -> None:
         """Remove every entry (one tombstone, and one ``remove`` event, per entry)."""

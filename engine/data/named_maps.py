@@ -27,14 +27,13 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections.abc import ItemsView, KeysView, MutableMapping, ValuesView
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol
+from typing import Any, Iterator, NamedTuple, Protocol
 
 from rocksdict import BlockBasedOptions, Options, ReadOptions, Rdict, Snapshot, WriteBatch
 
-from jetwake.engine.core.partitioning import PARTITION_COUNT, partition_of
 from jetwake.engine.core.serialization import dumps, loads
+from jetwake.engine.data.map_surface import KEEP, Change, MapSurface, _decode
 
 __all__ = ["MapStore", "KeyValueMap", "JournalEvent", "JournalBatch", "PUT", "REMOVE"]
 
@@ -265,171 +264,60 @@ def _rocksdb_options() -> Options:
     return options
 
 
-def _storage_key(key: Any) -> tuple[bytes, bytes]:
-    kb = dumps(key)
-    return _PREFIX.pack(partition_of(key)) + kb, kb
+def _storage_key(partition: int, kb: bytes) -> bytes:
+    return _PREFIX.pack(partition) + kb
 
 
-def _value_bytes(value: Any) -> bytes:
-    if value is None:
-        raise ValueError("None is not a valid map value (it means absent): use remove()")
-    return dumps(value)
-
-
-def _decode(vb: bytes | None) -> Any:
-    return None if vb is None else loads(vb)
-
-
-class _ItemsView(ItemsView):
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        return self._mapping.entries()
-
-
-class _ValuesView(ValuesView):
-    def __iter__(self) -> Iterator[Any]:
-        return (v for _, v in self._mapping.entries())
-
-
-class KeyValueMap(MutableMapping):
+class KeyValueMap(MapSurface):
     """A named, thread-safe map whose changes are journaled. Get it from :class:`MapStore`.
 
     Every change appends one event per changed key to the journal, in the order the changes
-    happened; the map change and its events are one atomic write. Iteration and the views see
-    the map at one point in time.
+    happened; the map change and its events are one atomic write (``put_all`` too). Iteration
+    and the views see the map at one point in time.
     """
 
     def __init__(self, name: str, storage: _Storage) -> None:
-        self._name = name
+        super().__init__(name)
         self._storage = storage
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._closed = False
 
-    @property
-    def name(self) -> str:
-        """The map's name."""
-        return self._name
-
     def __repr__(self) -> str:
         return f"KeyValueMap({self._name!r}, size={self.size()})"
 
-    def get(self, key: Any, default: Any = None) -> Any:
-        """The value of ``key``, or ``default``."""
-        sk, _ = _storage_key(key)
+    def _read(self, partition: int, kb: bytes) -> bytes | None:
+        sk = _storage_key(partition, kb)
         with self._lock:
-            vb = self._storage.get(sk)
-        return default if vb is None else loads(vb)
+            return self._storage.get(sk)
 
-    def __getitem__(self, key: Any) -> Any:
-        sk, _ = _storage_key(key)
-        with self._lock:
-            vb = self._storage.get(sk)
-        if vb is None:
-            raise KeyError(key)
-        return loads(vb)
-
-    def __contains__(self, key: Any) -> bool:
-        sk, _ = _storage_key(key)
-        with self._lock:
-            return self._storage.get(sk) is not None
-
-    def put(self, key: Any, value: Any) -> Any:
-        """Store ``value`` under ``key``; the previous value, or None."""
-        sk, kb = _storage_key(key)
-        vb = _value_bytes(value)
+    def _modify(self, partition: int, kb: bytes, change: Change) -> bytes | None:
+        sk = _storage_key(partition, kb)
         with self._lock:
             old = self._storage.get(sk)
-            self._commit({sk: vb}, [(kb, old, vb, PUT)], self._storage.count + (old is None))
-        return _decode(old)
+            new = change(old)
+            if new is not KEEP:
+                self._commit({sk: new}, [(kb, old, new, PUT if new is not None else REMOVE)],
+                             self._storage.count + (old is None) - (new is None))
+        return old
 
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self.put(key, value)
-
-    def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
-        """Store many entries in one atomic write, one journal event each, in order."""
-        pairs = entries.items() if isinstance(entries, Mapping) else entries
-        encoded = [(*_storage_key(k), _value_bytes(v)) for k, v in pairs]
-        if not encoded:
-            return
+    def _put_entries(self, encoded: list[tuple[int, bytes, bytes]]) -> None:
+        keyed = [(_storage_key(partition, kb), kb, vb) for partition, kb, vb in encoded]
         with self._lock:
             writes: dict[bytes, bytes | None] = {}
             events: list[_RawEvent] = []
             count = self._storage.count
-            for sk, kb, vb in encoded:
+            for sk, kb, vb in keyed:
                 old = writes[sk] if sk in writes else self._storage.get(sk)
                 count += old is None
                 writes[sk] = vb
                 events.append((kb, old, vb, PUT))
             self._commit(writes, events, count)
 
-    def update(self, other: Any = (), /, **kwds: Any) -> None:
-        """Like ``dict.update``, as one :meth:`put_all`."""
-        if isinstance(other, Mapping):
-            pairs = list(other.items())
-        elif hasattr(other, "keys"):
-            pairs = [(k, other[k]) for k in other.keys()]
-        else:
-            pairs = list(other)
-        pairs.extend(kwds.items())
-        self.put_all(pairs)
-
-    def put_if_absent(self, key: Any, value: Any) -> Any:
-        """Store ``value`` only when ``key`` is absent; the existing value, or None if stored."""
-        sk, kb = _storage_key(key)
-        vb = _value_bytes(value)
+    def _entry_bytes(self, partitions: list[int] | None) -> Iterator[tuple[bytes, bytes]]:
         with self._lock:
-            old = self._storage.get(sk)
-            if old is None:
-                self._commit({sk: vb}, [(kb, None, vb, PUT)], self._storage.count + 1)
-        return _decode(old)
-
-    def setdefault(self, key: Any, default: Any = None) -> Any:
-        """The value of ``key``, storing ``default`` first when absent."""
-        existing = self.put_if_absent(key, default)
-        return default if existing is None else existing
-
-    def remove(self, key: Any) -> Any:
-        """Remove ``key``; its previous value, or None when it was absent."""
-        sk, kb = _storage_key(key)
-        with self._lock:
-            old = self._storage.get(sk)
-            if old is not None:
-                self._commit({sk: None}, [(kb, old, None, REMOVE)], self._storage.count - 1)
-        return _decode(old)
-
-    def __delitem__(self, key: Any) -> None:
-        if self.remove(key) is None:
-            raise KeyError(key)
-
-    _MISSING = object()
-
-    def pop(self, key: Any, default: Any = _MISSING) -> Any:
-        """Remove ``key`` and return its value (or ``default``; KeyError without one)."""
-        old = self.remove(key)
-        if old is not None:
-            return old
-        if default is self._MISSING:
-            raise KeyError(key)
-        return default
-
-    def merge(self, key: Any, value: Any, merge_fn: Callable[[Any, Any], Any]) -> Any:
-        """Store ``merge_fn(old, value)``, or ``value`` when absent; None from it removes.
-
-        Returns the new value (None when the key ends up absent). ``merge_fn`` runs under the
-        map's lock: it must be quick and must not use this map.
-        """
-        sk, kb = _storage_key(key)
-        with self._lock:
-            old = self._storage.get(sk)
-            new = value if old is None else merge_fn(loads(old), value)
-            if new is None:
-                if old is not None:
-                    self._commit({sk: None}, [(kb, old, None, REMOVE)],
-                                 self._storage.count - 1)
-                return None
-            vb = _value_bytes(new)
-            self._commit({sk: vb}, [(kb, old, vb, PUT)], self._storage.count + (old is None))
-        return new
+            raw = self._storage.entries(partitions)
+        return ((sk[2:], vb) for sk, vb in raw)
 
     def clear(self) -> None:
         """Remove every entry, one ``remove`` event per entry, in one atomic write."""
@@ -446,37 +334,6 @@ class KeyValueMap(MutableMapping):
         """The number of entries."""
         with self._lock:
             return self._storage.count
-
-    def __len__(self) -> int:
-        return self.size()
-
-    def entries(self, partitions: Iterable[int] | None = None) -> Iterator[tuple[Any, Any]]:
-        """(key, value) pairs of the given partitions (all when None), at one point in time.
-
-        Ordered by partition, then by serialized key. A partitioned batch source reads the
-        partitions its processor owns.
-        """
-        wanted = None
-        if partitions is not None:
-            wanted = sorted(set(partitions))
-            bad = [p for p in wanted if not (isinstance(p, int) and 0 <= p < PARTITION_COUNT)]
-            if bad:
-                raise ValueError(f"partitions must be in [0, {PARTITION_COUNT}), got {bad}")
-        with self._lock:
-            raw = self._storage.entries(wanted)
-        return ((loads(sk[2:]), loads(vb)) for sk, vb in raw)
-
-    def __iter__(self) -> Iterator[Any]:
-        return (k for k, _ in self.entries())
-
-    def keys(self) -> KeysView:
-        return KeysView(self)
-
-    def items(self) -> ItemsView:
-        return _ItemsView(self)
-
-    def values(self) -> ValuesView:
-        return _ValuesView(self)
 
     def journal_read(self, from_seq: int, max_count: int) -> JournalBatch:
         """Up to ``max_count`` events starting at sequence ``from_seq``.
