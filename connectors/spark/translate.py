@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-from math import gcd
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, Callable, Iterator
@@ -403,23 +402,6 @@ class Translator:
 
     # --- event time --------------------------------------------------------------------------
 
-    def _watermark_step(self, t: Transform) -> int:
-        """``TimestampTransform.watermark_step``: the gcd of the frames and gaps downstream."""
-        step = 0
-        seen: set = set()
-        todo = [t]
-        while todo:
-            x = todo.pop()
-            for d in self.pipeline.transforms:
-                if x not in d.upstream or id(d) in seen or isinstance(d, TimestampTransform):
-                    continue
-                seen.add(id(d))
-                if isinstance(d, WindowAggregateTransform):
-                    w = d.wdef
-                    step = gcd(step, w.gap if w.is_session else w.slide)
-                todo.append(d)
-        return step
-
     def _TimestampTransform(self, t: TimestampTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         fn, name = t.timestamp_fn, t.name
@@ -484,7 +466,7 @@ class Translator:
                             pass
                         yield x
             self.side[id(t)] = up.uncounted().mapPartitions(bad_items)
-        step = self._watermark_step(t) or 1
+        step = t.watermark_step(self.pipeline.transforms) or 1
         policy_factory = t.policy_factory
         if up.kafka:
             # the hand-off watermark: every partition's highest time, less the lags, at the

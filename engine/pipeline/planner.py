@@ -102,10 +102,6 @@ class Planner:
     def set_output(self, t: "Transform", output: Output) -> None:
         self._outputs[t] = output
 
-    def downstream(self, t: "Transform") -> list["Transform"]:
-        """The transforms that take ``t``'s output."""
-        return [x for x in self.transforms if any(up is t for up in x.upstream)]
-
     # --- vertices and edges ---------------------------------------------------------------
 
     def vertex(self, name: str, processor: Any, t: "Transform",

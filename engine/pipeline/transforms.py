@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from math import gcd
 from operator import itemgetter
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from jetwake.engine.core.errors import PipelineError
 from jetwake.engine.core.dag import Vertex
@@ -308,15 +308,16 @@ class TimestampTransform(Transform):
         self.upstream_watermarks = upstream_watermarks
         self.side_sink: Sink | None = None  # events without a readable timestamp
 
-    def watermark_step(self, planner: Planner) -> int:
-        """The throttling step of this stage's watermarks: the gcd of the frame sizes (or
-        session gaps) of the windows downstream; 0 when none (a watermark per chunk)."""
+    def watermark_step(self, transforms: Sequence[Transform]) -> int:
+        """The throttling step of this stage's watermarks in a pipeline of ``transforms``: the
+        gcd of the frame sizes (or session gaps) of the windows downstream; 0 when none (a
+        watermark per chunk)."""
         step = 0
         seen: set[int] = set()
         todo: list[Transform] = [self]
         while todo:
             x = todo.pop()
-            for d in planner.downstream(x):
+            for d in [t for t in transforms if any(up is x for up in t.upstream)]:
                 if id(d) in seen or isinstance(d, TimestampTransform):
                     continue
                 seen.add(id(d))
@@ -333,7 +334,7 @@ class TimestampTransform(Transform):
         if up_vertex.local_parallelism < 1:
             up_vertex.set_local_parallelism(n)  # the value it resolves to anyway
         ts_fn, factory, idle = self.timestamp_fn, self.policy_factory, self.idle_timeout
-        step = self.watermark_step(planner)
+        step = self.watermark_step(planner.transforms)
         side = self.side_sink is not None
         name = self.name
         follow = self.upstream_watermarks
