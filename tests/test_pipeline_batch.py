@@ -735,6 +735,9 @@ def test_group_by_memory_grows_with_distinct_keys_not_with_input_size():
         return int(out.stdout.strip())
 
     # both inputs are larger than what the bounded queues hold; four times the input and
-    # the same two keys: the peak is set by the chunks in flight, not by the input size
+    # the same two keys: the peak is set by the chunks in flight, not by the input size.
+    # Memory kept per item would make the larger peak about 4x the smaller; how full the
+    # queues get swings the peak by up to 1.6x on a loaded machine (seen: 326 KB against
+    # 524 KB), hence the margin
     small, large = peak(200_000), peak(800_000)
-    assert large < small * 1.5, (small, large)
+    assert large < small * 2.5, (small, large)
