@@ -10,7 +10,6 @@ whatever the streaming job's parallelism (snapshot/protocol/restore.py).
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, Iterable
 
 from jetwake.engine.core.errors import SnapshotError
@@ -59,24 +58,4 @@ def write_snapshot(member: Any, name: str, job_name: str,
     store = snapshot_store_of(member)
     if store is None:
         return member.write_snapshot(name, job_name, list(entries))
-    job_id = f"backfill-{uuid.uuid4().hex}"
-    sid = store.next_snapshot_id(job_id)
-    writer = store.writer(job_id, job_name, sid, terminal=False)
-    buffers: dict[str, list] = {}
-    try:
-        for vertex, key, value in entries:
-            buf = buffers.setdefault(vertex, [])
-            buf.append((key, value))
-            if len(buf) >= chunk:
-                writer.add(vertex, 0, buf)
-                buffers[vertex] = []
-        for vertex, buf in buffers.items():
-            writer.add(vertex, 0, buf)
-        rec = writer.commit()
-    except BaseException:
-        writer.abort()
-        raise
-    try:
-        return store.export(rec, name)
-    finally:
-        store.delete_job_snapshots(job_id)
+    return store.write_export(name, job_name, entries, chunk)

@@ -363,29 +363,12 @@ class RequestHandlers:
         """Writes ``[vertex, key, value]`` entries a client sends as a committed snapshot
         exported as ``name`` (a Spark backfill's hand-off, docs/backfill.md), which
         ``JobConfig(initial_snapshot_name=name)`` restores; a name that is taken fails."""
-        import uuid
-
         from jetwake.engine.core.errors import SnapshotError
         store = self.member.snapshot_store
         if store.get_export(name) is not None:
             raise SnapshotError(f"a snapshot named {name!r} exists already on the member; "
                                 f"delete it (jetwake snapshot delete {name}) or choose another")
-        by_vertex: dict[str, list] = {}
-        for vertex, key, value in entries:
-            by_vertex.setdefault(vertex, []).append((key, value))
-        job_id = f"written-{uuid.uuid4().hex}"
-        writer = store.writer(job_id, job_name, store.next_snapshot_id(job_id), terminal=False)
-        try:
-            for vertex, pairs in by_vertex.items():
-                writer.add(vertex, 0, pairs)
-            rec = writer.commit()
-        except BaseException:
-            writer.abort()
-            raise
-        try:
-            exported = store.export(rec, name)
-        finally:
-            store.delete_job_snapshots(job_id)
+        exported = store.write_export(name, job_name, entries)
         log.info("snapshot '%s' written by %s (%d entries)", name, peer, len(entries))
         return record_dict(exported)  # type: ignore[return-value]
 

@@ -38,9 +38,10 @@ import shutil
 import struct
 import threading
 import time
+import uuid
 import zlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from jetwake.engine.core.serialization import SerializationError, dumps, loads, register_type
 from jetwake.snapshot.store.snapshot_files import SnapshotFiles, load_files, save_files
@@ -642,6 +643,34 @@ class SnapshotStore:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return exported
+
+    def write_export(self, name: str, job_name: str,
+                     entries: Iterable[tuple[str, Any, Any]], chunk: int = 4096) -> CommitRecord:
+        """Writes ``(vertex, key, value)`` entries as a committed snapshot of a job of its own
+        and exports it as ``name``: a snapshot made outside a job (a Spark backfill's
+        hand-off), which ``JobConfig(initial_snapshot_name=name)`` restores as any export.
+        The entries are written ``chunk`` at a time per vertex; the job's automatic snapshot
+        is removed once exported."""
+        job_id = f"written-{uuid.uuid4().hex}"
+        writer = self.writer(job_id, job_name, self.next_snapshot_id(job_id), terminal=False)
+        buffers: dict[str, list] = {}
+        try:
+            for vertex, key, value in entries:
+                buf = buffers.setdefault(vertex, [])
+                buf.append((key, value))
+                if len(buf) >= chunk:
+                    writer.add(vertex, 0, buf)
+                    buffers[vertex] = []
+            for vertex, buf in buffers.items():
+                writer.add(vertex, 0, buf)
+            rec = writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        try:
+            return self.export(rec, name)
+        finally:
+            self.delete_job_snapshots(job_id)
 
     def get_export(self, name: str) -> CommitRecord | None:
         _check_name(name)
