@@ -113,10 +113,44 @@ def test_rolling_aggregate_and_map_stateful_match_the_member(spark_runner, xs):
             state.append(e[1])
             return key, len(state), sum(state)
         s.group_by(_key).map_stateful(list, running).write_to(Sinks.list("stateful"))
+        # with event time from a source read in order, a key's items keep that order (not
+        # their times'), and a ttl evicts at the watermarks the member's would meet
         t = s.with_timestamps(_time, 3)
-        t.group_by(_key).rolling_aggregate(ops.counting()).write_to(Sinks.list("timed"))
-    same_output(spark_runner, build, ["rolling", "keyless", "stateful", "timed"],
+        t.group_by(_key).rolling_aggregate(ops.to_list()).write_to(Sinks.list("timed"))
+        t.group_by(_key).map_stateful(list, running, ttl=4,
+                                      on_evict=lambda st, k, wm: ("evicted", k, len(st), wm)) \
+            .write_to(Sinks.list("ttl"))
+    same_output(spark_runner, build, ["rolling", "keyless", "stateful", "timed", "ttl"],
                 ordered=["keyless"])
+
+
+def test_a_key_s_items_keep_the_source_order_after_with_timestamps(spark_runner):
+    def build(p):
+        p.read_from(Sources.items([("k", "a", 30), ("k", "b", 10), ("k", "c", 20)])) \
+            .with_timestamps(_time, 100).group_by(_key) \
+            .rolling_aggregate(AggregateOperation(str, lambda acc, e: acc + e[1])) \
+            .write_to(Sinks.list("joined"))
+    on_spark, _ = same_output(spark_runner, build, ["joined"])
+    assert sorted(on_spark["joined"]) == [("k", "a"), ("k", "ab"), ("k", "abc")]
+
+
+def test_late_and_bad_events_go_to_their_side_sinks_unchanged(spark_runner):
+    data = [("k", 0), ("k", "oops"), ("k", 5_000), ("k", 10), {"t": "not a time"}]
+
+    def build(p):
+        p.read_from(Sources.items(data)) \
+            .with_timestamps(lambda e: e[1], 0, bad_events_to=Sinks.list("bad")) \
+            .window(WindowDefinition.tumbling(1_000)).late_events_to(Sinks.list("late")) \
+            .aggregate(ops.counting()).write_to(Sinks.list("out"))
+    on_spark, result = same_output(spark_runner, build, ["bad", "late", "out"])
+    assert on_spark["bad"] == [("k", "oops"), {"t": "not a time"}]
+    assert on_spark["late"] == [("k", 10)]
+    stages = result.counters["stages"]
+    # each stage counted once, though the side outputs read their inputs a second time
+    assert stages["items"] == {"items_in": 0, "items_out": 5}
+    assert stages["list-sink-bad"] == {"items_in": 2, "items_out": 2}
+    assert stages["list-sink-late"] == {"items_in": 1, "items_out": 1}
+    assert result.counters["late_events"] == 1 and result.counters["bad_timestamps"] == 2
 
 
 @SETTINGS

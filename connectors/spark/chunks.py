@@ -115,12 +115,17 @@ def watermarks_before(tss: list, top: int, lag: int, step: int) -> tuple[list, i
     """The watermark each event of a chunk meets (None before any), with the limiting-lag
     policy the member's watermark stage applies: the highest time so far (``top`` before the
     chunk) less ``lag``, rounded down to ``step``; and the highest time after the chunk.
+    ``step`` 0 (no window downstream): as in the member, one watermark per chunk, so every
+    event of the chunk meets the one before it.
 
     The watermark changes only at an event whose time crosses the next step: each such event
     is found by a scan in C (``filter``, then ``index``), a few times per chunk, and the
     events between share one watermark; nothing is computed per event in Python."""
-    wms: list = []
     n = len(tss)
+    if step <= 0:
+        hi = max(tss, default=top)
+        return [None if top == NO_WATERMARK else top - lag] * n, hi if hi > top else top
+    wms: list = []
     pos = 0
     while pos < n:
         if top == NO_WATERMARK:

@@ -63,12 +63,13 @@ def rolling(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | None
 def map_stateful(rows: Iterable[Row], create_fn: Callable, map_fn: Callable,
                  key_fn: Callable | None, timestamped: bool, ttl: int | None,
                  on_evict: Callable | None, vertex: str, bounded: bool, cut: int | None,
-                 export_state: bool, late: Callable[[int], None],
-                 timed: bool) -> Iterator[tuple]:
+                 export_state: bool, last_watermark: int | None,
+                 late: Callable[[int], None], timed: bool) -> Iterator[tuple]:
     """``map_stateful``: one state per key, ``map_fn(state, key, item)`` (keyless:
     ``map_fn(state, item)``); with a ttl a key's state is evicted once the watermark passes
     its last event time + ttl (``on_evict``'s result is emitted at that watermark), and at the
-    end of a bounded run every state is evicted, as when a finite stream ends."""
+    end of a bounded run, after the watermark that follows its last event
+    (``last_watermark``, when known), every state is evicted, as when a finite stream ends."""
     evict_fn = call_with_arity(on_evict, 3) if on_evict is not None else None
     states: dict = {}
     last_ts: dict = {}
@@ -125,6 +126,8 @@ def map_stateful(rows: Iterable[Row], create_fn: Callable, map_fn: Callable,
         late(n_late)
     if ttl is not None and timestamped:
         if bounded:
+            if last_watermark is not None:
+                yield from evict(last_watermark)
             yield from evict(END_OF_TIME)
         elif cut is not None:
             yield from evict(cut)

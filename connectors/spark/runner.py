@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.pipeline.pipeline import Pipeline
+from jetwake.engine.pipeline.transforms import SideSinkTransform
 from jetwake.connectors.spark.handoff import check_snapshot_name, write_snapshot
 from jetwake.connectors.spark.kafka_io import parse_until
 from jetwake.connectors.spark.task_failures import BackfillTaskError, spark_task_failure
@@ -251,7 +252,10 @@ class SparkRunner:
         stages: dict = {}
         for t in pipeline.transforms:
             out = sums.get(f"out:{t.name}", tr.sink_counts.get(t.name, 0))
-            ins = sum(sums.get(f"out:{u.name}", 0) for u in t.upstream)
+            if isinstance(t, SideSinkTransform):  # fed with its owner's late or bad events
+                ins = out
+            else:
+                ins = sum(sums.get(f"out:{u.name}", 0) for u in t.upstream)
             stages[t.name] = {"items_in": ins, "items_out": out}
         counters_out = {"stages": stages}
         for k in ("late_events", "dead_letters", "records_in", "bad_timestamps"):

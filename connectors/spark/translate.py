@@ -98,6 +98,7 @@ class StageOut:
 
     def __init__(self, chunks: Any, *, timed: bool = False, timestamped: bool = False,
                  ordered: bool = False, kafka: bool = False, cut: int | None = None,
+                 last_watermark: int | None = None,
                  chain: tuple = (), local: list | None = None,
                  columns: Any = None) -> None:
         self.base = chunks
@@ -113,12 +114,15 @@ class StageOut:
         self.ordered = ordered
         self.kafka = kafka
         self.cut = cut
+        # a bounded input read in order: the watermark after its last event (what the member's
+        # watermark stage emits before the end of the stream), when known
+        self.last_watermark = last_watermark
         self._chunks: Any = None
 
     def then(self, step: Step, **flags: Any) -> "StageOut":
         """This output with one more chain step (a stateless stage, or counting)."""
         kw = dict(timed=self.timed, timestamped=self.timestamped, ordered=self.ordered,
-                  kafka=self.kafka, cut=self.cut,
+                  kafka=self.kafka, cut=self.cut, last_watermark=self.last_watermark,
                   local=self.local if step[0] is None else None,
                   columns=self.columns if step[0] is None else None)
         kw.update(flags)
@@ -201,8 +205,10 @@ class Translator:
         self.sink_counts: dict[str, int] = {}
         self._consumers: dict[int, int] = {}
         for t in pipeline.transforms:
+            # a stage with a side output (late or bad events) reads its input a second time
+            reads = 2 if getattr(t, "side_sink", None) is not None else 1
             for u in t.upstream:
-                self._consumers[id(u)] = self._consumers.get(id(u), 0) + 1
+                self._consumers[id(u)] = self._consumers.get(id(u), 0) + reads
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -214,7 +220,7 @@ class Translator:
             # read by several stages: computed (and counted) once
             out = StageOut(out.chunks(self.counters).persist(), timed=out.timed,
                            timestamped=out.timestamped, ordered=out.ordered, kafka=out.kafka,
-                           cut=out.cut, local=out.local)
+                           cut=out.cut, local=out.local, last_watermark=out.last_watermark)
         self.outs[id(t)] = out
         return out
 
@@ -239,11 +245,14 @@ class Translator:
     def _by_key_sorted(self, up: StageOut, key_fn: Callable[[Any], Any] | None,
                        by_time: bool | None = None) -> Any:
         """Each key's elements in one partition, in event-time (``by_time``, by default when
-        the stage has event time) then position order (the order the streaming job gives a
-        key's items); keys placed by jetwake's own partitioning."""
+        the stage has event time from a source not read in order) then position order (the
+        order the streaming job gives a key's items); keys placed by jetwake's own
+        partitioning."""
         n = self.partitions
         timed = up.timed
-        by_time = up.timestamped if by_time is None else by_time
+        # a source read in order gives each key's items in that order, as the member's one
+        # source processor does; Kafka partitions read side by side have no such order
+        by_time = (up.timestamped and not up.ordered) if by_time is None else by_time
 
         def rows(i: int, it: Iterator) -> Iterator:
             j = 0
@@ -465,8 +474,10 @@ class Translator:
                         except Exception:  # noqa: BLE001
                             pass
                         yield x
-            self.side[id(t)] = up.uncounted().mapPartitions(bad_items)
-        step = t.watermark_step(self.pipeline.transforms) or 1
+            self.side[id(t)] = up.uncounted().mapPartitions(lambda it: chunked(bad_items(it)))
+        # 0: no window downstream, and the member's watermark stage emits one watermark per
+        # chunk of events instead of one per step of event time
+        step = t.watermark_step(self.pipeline.transforms)
         policy_factory = t.policy_factory
         if up.kafka:
             # the hand-off watermark: every partition's highest time, less the lags, at the
@@ -486,7 +497,7 @@ class Translator:
                     src = next(s for s in self.pipeline.transforms
                                if isinstance(s, SourceTransform) and s is t.upstream[0])
                     lag += max(0, src.source.spec["options"].get("jetwake.watermark.lag.ms", 0))
-                cut = throttle(min(tops) - lag, step)
+                cut = throttle(min(tops) - lag, step or 1)
                 self.cuts.append(cut)
             stamped.cut = cut
             return stamped
@@ -498,8 +509,11 @@ class Translator:
         def part_max(i: int, it: Iterator) -> Iterator:
             yield i, max((max(read_times(chunk, False)[0], default=None) for chunk in it
                           if chunk), key=_none_lowest, default=None)
-        maxima = _local_maxima(up.local, fn) if up.local is not None and not timed_in \
-            else None
+        # the watermark after the last event: a ttl downstream evicts at it before the end
+        want_last = any(isinstance(d, MapStatefulTransform) and d.ttl is not None
+                        for d in _downstream(self.pipeline.transforms, t))
+        maxima = _local_maxima(up.local, fn, want_last) \
+            if up.local is not None and not timed_in else None
         if maxima is None:
             maxima = dict(up.uncounted().mapPartitionsWithIndex(part_max).collect())
         before: dict[int, int | None] = {}
@@ -520,8 +534,10 @@ class Translator:
                 wms, top = watermarks_before(tss, top, lag, step)
                 yield tss, wms, xs
         columns = up.chunks(counters).mapPartitionsWithIndex(tag, preservesPartitioning=True)
+        last = None if top_so_far is None or not want_last else \
+            (throttle(top_so_far - lag, step) if step else top_so_far - lag)
         return StageOut(columns.map(_rows, preservesPartitioning=True), timestamped=True,
-                        ordered=True, columns=columns)
+                        ordered=True, columns=columns, last_watermark=last)
 
     # --- keyed and aggregating ---------------------------------------------------------------
 
@@ -663,12 +679,12 @@ class Translator:
         tagged = rows.mapPartitions(lambda it: keyed.rolling(it, op, key_fn, name, export,
                                                              timed))
         return StageOut(self._split(name, tagged), timed=timed, timestamped=up.timestamped,
-                        kafka=up.kafka, cut=up.cut)
+                        kafka=up.kafka, cut=up.cut, last_watermark=up.last_watermark)
 
     def _MapStatefulTransform(self, t: MapStatefulTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         args = (t.create_fn, t.map_fn, t.key_fn, up.timestamped, t.ttl, t.on_evict, t.name,
-                not up.kafka, up.cut, self.export_state)
+                not up.kafka, up.cut, self.export_state, up.last_watermark)
         counters, timed = self.counters, up.timed
 
         def late(n: int) -> None:
@@ -681,7 +697,7 @@ class Translator:
             self.driver_state.append((t.name, BroadcastKey("map-stateful-watermark"),
                                       NO_WATERMARK))
         return StageOut(out, timed=timed, timestamped=up.timestamped, kafka=up.kafka,
-                        cut=up.cut)
+                        cut=up.cut, last_watermark=up.last_watermark)
 
     # --- windows -----------------------------------------------------------------------------
 
@@ -715,7 +731,8 @@ class Translator:
                     for ts, w, x in chunk:
                         if w is not None and ts < w - w % floor:
                             yield x
-            lates = [up.uncounted().mapPartitions(late_items) for up in ups]
+            lates = [up.uncounted().mapPartitions(lambda it: chunked(late_items(it)))
+                     for up in ups]
             self.side[id(t)] = lates[0] if len(lates) == 1 else self.sc.union(lates)
         keyed_stage = key_fns is not None
         two_stage = not session and all(op.can_combine for op in ops) \
@@ -760,7 +777,7 @@ class Translator:
                 if len(kept) < len(chunk):
                     late(len(chunk) - len(kept))
                 return kept
-            rows = self._by_key_sorted(ups[0].then((drop_late, None)), kf)
+            rows = self._by_key_sorted(ups[0].then((drop_late, None)), kf, by_time=True)
             if session:
                 tagged = rows.mapPartitions(lambda it: keyed.sessions(
                     it, op, kf, gap, cut, name, export))
@@ -918,16 +935,32 @@ def _loads_all(blobs: list) -> Iterator[list]:
     return map(pickle.loads, blobs)
 
 
-def _local_maxima(parts: list, fn: Callable[[Any], Any] | None) -> dict | None:
+def _downstream(transforms: list, t: Transform) -> Iterator[Transform]:
+    """The transforms fed by ``t``, directly or not, up to the next ``with_timestamps``."""
+    seen: set[int] = set()
+    todo = [t]
+    while todo:
+        x = todo.pop()
+        for d in transforms:
+            if id(d) in seen or isinstance(d, TimestampTransform) or \
+                    not any(u is x for u in d.upstream):
+                continue
+            seen.add(id(d))
+            yield d
+            todo.append(d)
+
+
+def _local_maxima(parts: list, fn: Callable[[Any], Any] | None,
+                  with_last: bool) -> dict | None:
     """The highest timestamp of each partition's items, read on the driver that holds them
     (cheaper than a Spark pass over them); None when a timestamp cannot be read there (the
-    Spark pass then routes or reports the item). The last partition's is not needed (only
-    the partitions after one use its maximum): None."""
+    Spark pass then routes or reports the item). Unless ``with_last``, the last partition's
+    is not read (only the partitions after one use its maximum): None."""
     if fn is None:
         return None
     maxima: dict = {len(parts) - 1: None}
     try:
-        for i, part in enumerate(parts[:-1]):
+        for i, part in enumerate(parts if with_last else parts[:-1]):
             tss = list(map(fn, part))
             if tss and set(map(type, tss)) != _INTS:
                 return None
