@@ -1,23 +1,22 @@
-"""Text files: a source of lines from files matching a glob, and a sink writing lines."""
+"""Text files: a source of the lines of files (a file, a directory's files or a glob's
+matches, as ``record_files.matching_files`` lists them), and a sink writing lines."""
 
 from __future__ import annotations
 
-import glob
-import logging
 import os
 from typing import Any
 
+from jetwake.connectors.record_files import matching_files, warn_if_no_files
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 
 __all__ = ["FileSourceProcessor", "FileSinkProcessor"]
-
-log = logging.getLogger("jetwake.connectors.files")
 
 _READ_HINT = 1 << 16  # bytes per readlines() call
 
 
 class FileSourceProcessor(Processor):
-    """Emits the lines (without line endings) of its share of the matching files."""
+    """Emits the lines (without line endings) of its share of the matching files; a literal
+    path that does not exist fails the job when it starts (``matching_files``)."""
 
     def __init__(self, pattern: str, encoding: str) -> None:
         self.pattern = pattern
@@ -30,9 +29,9 @@ class FileSourceProcessor(Processor):
 
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
-        matched = sorted(p for p in glob.glob(self.pattern) if os.path.isfile(p))
-        if not matched and context.global_processor_index == 0:
-            log.warning("Sources.files(%r): no file matches", self.pattern)
+        matched = matching_files(self.pattern, "files")
+        if context.global_processor_index == 0:
+            warn_if_no_files(self.pattern, "files", matched)
         self.files = matched[context.global_processor_index::context.total_parallelism]
 
     def complete(self) -> bool:

@@ -1,34 +1,71 @@
 """Sources of records in files: Parquet files (one dict per row) and JSON-lines files (one
 value per line), read in file order by one processor (``Sources.parquet``,
-``Sources.json_lines``).
+``Sources.json_lines``), and :func:`matching_files`, the rule by which every file source
+(``Sources.files`` too) turns its path into files.
 
-Both read the matching files sorted by path, so the order of the records is the same in every
-run, on a member and in the Spark backfill (``connectors/spark``), which reads the same files
-with :func:`read_records`, one file per Spark task.
+The files are read sorted by path, so the order of the records is the same in every run, on a
+member and in the Spark backfill (``connectors/spark``), which lists them with the same
+:func:`matching_files` and reads them with :func:`read_records`, a run of files per Spark task.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 from typing import Any, Iterator
 
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 
-__all__ = ["RecordFileSourceProcessor", "matching_files", "read_records"]
+__all__ = ["RecordFileSourceProcessor", "is_glob", "matching_files", "read_records",
+           "warn_if_no_files"]
+
+log = logging.getLogger("jetwake.connectors.record_files")
 
 _BATCH = 4096
+_SOURCE_NAMES = {"files": "Sources.files", "parquet": "Sources.parquet",
+                 "json_lines": "Sources.json_lines"}
+_EXAMPLE_GLOBS = {"files": "*.txt", "parquet": "*.parquet", "json_lines": "*.jsonl"}
+
+
+def is_glob(pattern: str) -> bool:
+    """Whether ``pattern`` has glob characters (``*?[``), so that matching nothing is an
+    empty input rather than a wrong path."""
+    return any(c in pattern for c in "*?[")
 
 
 def matching_files(pattern: str, kind: str) -> list[str]:
-    """The files ``pattern`` names, sorted: a directory means every file in it (a Parquet
-    dataset is a directory), a glob every match."""
-    if kind == "parquet" and os.path.isdir(pattern):
-        return sorted(os.path.join(pattern, n) for n in os.listdir(pattern)
-                      if not n.startswith((".", "_"))
-                      and os.path.isfile(os.path.join(pattern, n)))
-    return sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+    """The files ``pattern`` names, sorted by path: a directory means every regular file in it
+    whose name does not start with '.' or '_' (a Parquet dataset's parts, not its ``_SUCCESS``
+    or ``.crc`` files), a glob every regular file it matches (possibly none), any other path
+    that one file.
+
+    Raises FileNotFoundError for a path without glob characters that does not exist: a
+    mistyped path must not read as an empty input. The member's file sources call this when
+    the job starts and the Spark backfill before it starts Spark work, so both fail alike.
+    """
+    if os.path.isdir(pattern):
+        return sorted(path for path in (os.path.join(pattern, n) for n in os.listdir(pattern)
+                                        if not n.startswith((".", "_")))
+                      if os.path.isfile(path))
+    if is_glob(pattern):
+        return sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+    if not os.path.exists(pattern):
+        where = _SOURCE_NAMES.get(kind, kind)
+        example = os.path.join(os.path.dirname(pattern), _EXAMPLE_GLOBS.get(kind, "*"))
+        raise FileNotFoundError(
+            f"{where}({pattern!r}): no such file or directory; check the path, or, to accept "
+            f"an empty input, give a glob such as {example!r}")
+    return [pattern]
+
+
+def warn_if_no_files(pattern: str, kind: str, files: list[str]) -> None:
+    """Logs a warning when a glob or a directory names no file: an empty input is valid, but
+    rarely what was meant."""
+    if not files:
+        log.warning("%s(%r): no file matches; the source is empty",
+                    _SOURCE_NAMES.get(kind, kind), pattern)
 
 
 def read_records(path: str, kind: str) -> Iterator[Any]:
@@ -55,8 +92,9 @@ def read_records(path: str, kind: str) -> Iterator[Any]:
 
 
 class RecordFileSourceProcessor(Processor):
-    """Emits the records of every matching file, in path order (one processor); its position
-    (files done, records of the current file emitted) is saved in snapshots."""
+    """Emits the records of every matching file, in path order (one processor); a literal
+    path that does not exist fails the job when it starts. Its position (files done, records
+    of the current file emitted) is saved in snapshots."""
 
     def __init__(self, pattern: str, kind: str) -> None:
         self.pattern = pattern
@@ -69,6 +107,8 @@ class RecordFileSourceProcessor(Processor):
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
         self.files = matching_files(self.pattern, self.kind)
+        if context.global_processor_index == 0:
+            warn_if_no_files(self.pattern, self.kind, self.files)
 
     def complete(self) -> bool:
         outbox = self.outbox

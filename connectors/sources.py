@@ -11,7 +11,7 @@ from jetwake.engine.pipeline.connector import Source
 from jetwake.connectors.files import FileSourceProcessor
 from jetwake.connectors.items_source import ItemsSourceProcessor
 from jetwake.connectors.maps import MapJournalSourceProcessor, MapSourceProcessor
-from jetwake.connectors.record_files import RecordFileSourceProcessor
+from jetwake.connectors.record_files import RecordFileSourceProcessor, is_glob
 
 __all__ = ["Sources"]
 
@@ -26,6 +26,16 @@ def _check_name(name: Any, where: str) -> str:
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"{where} needs a non-empty name, got {name!r}")
     return name
+
+
+def _check_directory(pattern: str, where: str) -> None:
+    """Fails early when the directory ``pattern`` is in does not exist (without glob
+    characters): the path is wrong, not the input empty. Whether the file itself exists is
+    checked when the job starts, on the machine that reads it."""
+    directory = pattern if os.path.isdir(pattern) else os.path.dirname(pattern) or "."
+    if not is_glob(directory) and not os.path.isdir(directory):
+        raise FileNotFoundError(f"{where}: directory {directory!r} of {pattern!r} does not "
+                                "exist")
 
 
 class Sources:
@@ -43,42 +53,44 @@ class Sources:
 
     @staticmethod
     def files(pattern: str, encoding: str = "utf-8") -> Source:
-        """The lines (without line endings) of every file matching the glob ``pattern``."""
+        """The lines (without line endings) of a file, of every file in a directory, or of
+        every file a glob matches (a batch).
+
+        ``pattern`` follows :func:`~jetwake.connectors.record_files.matching_files`: a
+        directory means its regular files whose names do not start with '.' or '_', sorted; a
+        path without glob characters (``*?[``) that does not exist fails the job when it starts
+        (FileNotFoundError); a glob that matches nothing is an empty input, with a warning.
+        """
         if not isinstance(pattern, str) or not pattern:
-            raise ValueError(f"Sources.files() needs a glob pattern such as 'data/*.txt', "
-                             f"got {pattern!r}")
-        directory = os.path.dirname(pattern) or "."
-        if not any(c in directory for c in "*?[") and not os.path.isdir(directory):
-            raise FileNotFoundError(f"Sources.files({pattern!r}): directory {directory!r} "
-                                    "does not exist")
+            raise ValueError(f"Sources.files() needs a file, a directory or a glob pattern "
+                             f"such as 'data/*.txt', got {pattern!r}")
+        _check_directory(pattern, "Sources.files()")
         return _spec(Source("files", ProcessorMetaSupplier.of(
             lambda: FileSourceProcessor(pattern, encoding), 1)), kind="files", pattern=pattern,
             encoding=encoding)
 
     @staticmethod
     def parquet(path: str) -> Source:
-        """The rows of a Parquet file, of a directory of them, or of the files a glob matches,
-        as dicts (column -> value), file after file in path order (a batch)."""
+        """The rows of a Parquet file, of every file in a directory (a dataset), or of every
+        file a glob matches, as dicts (column -> value), file after file in path order (a
+        batch). Paths follow the rules of :meth:`files`."""
         return Sources._record_files(path, "parquet", "Sources.parquet()",
                                      "a Parquet file, a directory or a glob such as "
                                      "'data/*.parquet'")
 
     @staticmethod
     def json_lines(pattern: str) -> Source:
-        """The JSON values of the lines of every file matching the glob ``pattern``, file
-        after file in path order; blank lines are skipped (a batch)."""
+        """The JSON values of the lines of a file, of every file in a directory, or of every
+        file a glob matches, file after file in path order; blank lines are skipped (a batch).
+        Paths follow the rules of :meth:`files`."""
         return Sources._record_files(pattern, "json_lines", "Sources.json_lines()",
-                                     "a glob such as 'data/*.jsonl'")
+                                     "a file, a directory or a glob such as 'data/*.jsonl'")
 
     @staticmethod
     def _record_files(pattern: str, kind: str, where: str, what: str) -> Source:
         if not isinstance(pattern, str) or not pattern:
             raise ValueError(f"{where} needs {what}, got {pattern!r}")
-        directory = pattern if kind == "parquet" and os.path.isdir(pattern) \
-            else os.path.dirname(pattern) or "."
-        if not any(c in directory for c in "*?[") and not os.path.isdir(directory):
-            raise FileNotFoundError(f"{where}: directory {directory!r} of {pattern!r} does "
-                                    "not exist")
+        _check_directory(pattern, where)
         return _spec(Source(kind.replace("_", "-"), ProcessorMetaSupplier.of(
             lambda: RecordFileSourceProcessor(pattern, kind), 1)), kind=kind, pattern=pattern)
 
