@@ -83,6 +83,12 @@ def test_the_backfill_command_reports_a_failing_function_where_it_raised(spark_i
     assert proc.stderr.splitlines()[-1] == (
         "jetwake: error: stage 'parse' (map) failed in a Spark task: ZeroDivisionError: "
         "integer division or modulo by zero")
+    # and no Spark logs: not the executor's ERROR lines with their Java frames, nor the
+    # start-up lines (the JVM's own incubator-module warning cannot be turned off)
+    assert proc.stderr.count("Traceback (most recent call last)") == 1
+    assert " ERROR " not in proc.stderr and " WARN " not in proc.stderr
+    assert "\tat org.apache.spark" not in proc.stderr
+    assert "log level" not in proc.stderr
 
 
 def test_the_backfill_command_refuses_a_bad_conf_and_a_snapshot_with_no_member(tmp_path):

@@ -114,7 +114,7 @@ def test_until_offsets_that_miss_a_partition_fail_naming_it(spark_runner, kafka_
                                                             kafka_topic):
     topic = kafka_topic(partitions=2)
     with Member() as m, pytest.raises(ValueError, match="no offset for partition 1"):
-        spark_runner.run(values_pipeline(kafka_bootstrap, topic), until={topic: {0: 5}},
+        spark_runner.run(values_pipeline(kafka_bootstrap, topic), until={topic: {0: 0}},
                          member=m)
 
 
@@ -130,7 +130,7 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_are_counted(
                                                   dead_letter_topic=dead), member=m)
         assert sorted(m.get_list("values")) == [i for i in range(100) if i % 10 != 3]
     assert result.counters["dead_letters"] == 10
-    assert result.counters["records_in"] == 90
+    assert result.counters["records_in"] == 100  # dead letters were read too
     assert read_all(kafka_bootstrap, dead) == [b"not json"] * 10
 
 

@@ -47,7 +47,7 @@ def check_snapshot_name(member: Any, name: Any) -> None:
                          "start from the snapshot (the snapshot is written into its store)")
     if _taken(member, name):
         raise SnapshotError(f"a snapshot named {name!r} exists already on the member; delete "
-                            f"it (jetwake snapshot delete {name}) or choose another name")
+                            f"it (jetwake delete-snapshot {name}) or choose another name")
 
 
 def write_snapshot(member: Any, name: str, job_name: str,

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.connectors.kafka.serde import KafkaRecord
+from jetwake.connectors.kafka.client_log import with_client_log
 from jetwake.connectors.kafka.source import KafkaDeserializationError
 
 __all__ = ["BackfillKafkaError", "OffsetRange", "offset_ranges", "read_range",
@@ -75,7 +76,7 @@ def _consumer(props: dict, group: str) -> Any:
     conf = {k: v for k, v in props.items() if k not in ("group.id",)}
     conf.update({"group.id": group, "enable.auto.commit": False,
                  "enable.partition.eof": False})
-    return Consumer(conf)
+    return Consumer(with_client_log(conf))
 
 
 def offset_ranges(spec: dict, until: Any, timeout: float = 10.0) -> list[OffsetRange]:
@@ -130,6 +131,11 @@ def offset_ranges(spec: dict, until: Any, timeout: float = 10.0) -> list[OffsetR
                 if p not in until[t]:
                     raise ValueError(f"until: no offset for partition {p} of topic {t!r}")
                 ends[(t, p)] = until[t][p]
+                if ends[(t, p)] > marks[(t, p)][1]:
+                    raise ValueError(
+                        f"until: offset {until[t][p]} of partition {p} of topic {t!r} lies "
+                        f"beyond its end ({marks[(t, p)][1]}): a backfill reads what the topic "
+                        "holds; give an offset up to the end, or until='latest'")
         out = []
         for t, ti, p in tps:
             s, e = starts[(t, p)], ends[(t, p)]
@@ -212,6 +218,7 @@ def read_range(r: OffsetRange, spec: dict, count: Callable[[str, int], None],
                         dead = DeadLetterWriter(spec["dead_letter_topic"], spec["properties"])
                     dead.write(m, e)
                     count("dead_letters", 1)
+                    n += 1
                     continue
                 chunk.append((m.timestamp()[1], None, item))
             n += len(chunk)
@@ -242,7 +249,7 @@ def write_partition(index: int, chunks: Iterator[list], fmt: Any,
         # the transaction spans the whole task, which may write for minutes: librdkafka's
         # default (60 s) would let the broker abort it; 15 min is the brokers' default maximum
         props.setdefault("transaction.timeout.ms", 900_000)
-    producer = Producer(props)
+    producer = Producer(with_client_log(props))
     errors: list = []
 
     def on_delivery(err: Any, _msg: Any) -> None:

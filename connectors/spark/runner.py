@@ -13,6 +13,7 @@ at that point is written as a jetwake snapshot (``handoff.py``). See docs/backfi
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -28,9 +29,18 @@ from jetwake.engine.pipeline.transforms import SideSinkTransform
 from jetwake.connectors.spark.handoff import check_snapshot_name, write_snapshot
 from jetwake.connectors.spark.kafka_io import parse_until
 from jetwake.connectors.spark.task_failures import BackfillTaskError, spark_task_failure
-from jetwake.connectors.spark.translate import Translator, check_pipeline
+from jetwake.connectors.spark.translate import Translator, check_pipeline, read_source_bounds
 
-__all__ = ["SparkRunner", "BackfillResult", "BackfillTaskError", "SparkMasterError"]
+__all__ = ["SparkRunner", "BackfillResult", "BackfillTaskError", "SparkMasterError",
+           "EVERY_WINDOW_CLOSED", "LOCAL_DRIVER_JAVA_OPTIONS"]
+
+
+#: ``BackfillResult.watermark`` of a run whose windows all closed: the end of a bounded input
+EVERY_WINDOW_CLOSED = sys.maxsize - 1
+
+#: the driver JVM's options on a local master, unless ``conf`` sets its own: the pipeline's
+#: work runs in the Python workers, and the JVM's optimizing compiler only took cores from them
+LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 class SparkMasterError(JetwakeError):
@@ -42,10 +52,13 @@ class BackfillResult:
     """What a backfill did.
 
     ``offsets``: ``{topic: {partition: next offset}}`` where each Kafka source stopped.
-    ``watermark``: the event time up to which windows were closed (None without windows; with
-    only bounded sources every window closes and this is the end of the last one).
+    ``watermark``: the event time up to which windows were closed (None without windows;
+    :data:`EVERY_WINDOW_CLOSED` when no Kafka source bounds them: a bounded input's end closes
+    every window).
     ``counters``: ``{"stages": {stage: {"items_in": n, "items_out": n}}, "late_events": n,
-    "dead_letters": n, "records_in": n, "bad_timestamps": n}``.
+    "dead_letters": n, "records_in": n, "bad_timestamps": n}``: ``records_in`` the Kafka
+    records read (dead letters included), ``bad_timestamps`` the items whose timestamp could
+    not be read (sent to ``bad_events_to``).
     ``snapshot``: the name of the exported snapshot, or None.
     """
 
@@ -56,11 +69,52 @@ class BackfillResult:
     seconds: float = 0.0
 
 
+_LOCAL = re.compile(r"local(?:\[(?P<threads>[0-9]+|\*)(?:\s*,\s*[0-9]+)?\])?")
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*,"
+                            r"\s*[1-9][0-9]*\s*\]")
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}")
+_K8S = re.compile(r"k8s://(?:https?://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::[0-9]{1,5})?/?")
+_MASTER_FORMS = ("local, local[N], local[*], local[N,F] (F: attempts per task), "
+                 "spark://HOST:PORT[,HOST:PORT...], yarn or k8s://[https://]HOST[:PORT]")
+
+
 def _check_master(master: Any) -> str:
+    """``master`` when it is a master URL Spark accepts; otherwise a ValueError that says
+    which forms there are (Spark itself fails in its JVM, with a Java stack trace)."""
     if not isinstance(master, str) or not master:
         raise ValueError(f"SparkRunner(master=...) must be a Spark master URL such as "
                          f"'local[*]' or 'spark://host:7077', got {master!r}")
-    return master
+    m = _LOCAL.fullmatch(master)
+    if m is not None:
+        if m.group("threads") is not None and m.group("threads") != "*" \
+                and int(m.group("threads")) == 0:
+            raise ValueError(f"master {master!r}: a local master runs at least 1 thread: "
+                             "local[1], local[2] or local[*]")
+        return master
+    if _LOCAL_CLUSTER.fullmatch(master) or _K8S.fullmatch(master):
+        return master
+    if master.startswith("spark://"):
+        parts = master[len("spark://"):].split(",")
+        bad = [p for p in parts if not _HOST_PORT.fullmatch(p)]
+        if bad:
+            raise ValueError(f"master {master!r}: a standalone master is spark://HOST:PORT "
+                             f"(several: spark://HOST1:PORT1,HOST2:PORT2), and {bad[0]!r} is "
+                             "not HOST:PORT")
+        return master
+    if master == "yarn":
+        if not (os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR")):
+            raise ValueError("master 'yarn' needs HADOOP_CONF_DIR or YARN_CONF_DIR set to the "
+                             "directory of the cluster's Hadoop configuration (core-site.xml, "
+                             "yarn-site.xml)")
+        return master
+    if master.startswith("k8s://"):
+        raise ValueError(f"master {master!r}: a Kubernetes master is k8s://https://HOST:PORT "
+                         "(or k8s://HOST:PORT)")
+    if master.startswith("sc://"):
+        raise ValueError(f"{master!r} is a Spark Connect address, not a master URL: the "
+                         "backfill needs a SparkContext (RDDs), which Spark Connect does not "
+                         "provide")
+    raise ValueError(f"master {master!r} is not a Spark master URL: use {_MASTER_FORMS}")
 
 
 def _master_reachable(master: str, timeout: float = 3.0) -> None:
@@ -70,7 +124,7 @@ def _master_reachable(master: str, timeout: float = 3.0) -> None:
         return
     for hostport in master[len("spark://"):].split(","):
         u = urlparse(f"//{hostport}")
-        host, port = u.hostname or "localhost", u.port or 7077
+        host, port = u.hostname or "localhost", u.port
         try:
             with socket.create_connection((host, port), timeout=timeout):
                 return
@@ -161,7 +215,7 @@ class SparkRunner:
                 # and the JVM's optimizing compiler only competes with them for the cores
                 # (0.4 CPU-s of 1.2 s per word-count run on 2 cores; with the quick compiler
                 # alone 0.17, docs/performance.md)
-                settings["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
+                settings["spark.driver.extraJavaOptions"] = LOCAL_DRIVER_JAVA_OPTIONS
             settings.update(self.conf)
             for k, v in settings.items():
                 builder = builder.config(k, str(v))
@@ -213,6 +267,7 @@ class SparkRunner:
         until = parse_until(until)
         if export_snapshot is not None:
             check_snapshot_name(member, export_snapshot)
+        bounds = read_source_bounds(pipeline, until)
         spark = self.spark  # a master that does not answer, or no pyspark, fails here
         from pyspark.accumulators import AccumulatorParam
 
@@ -229,7 +284,7 @@ class SparkRunner:
         self._prepare_workers(sc)
         started = time.perf_counter()
         counters = sc.accumulator({}, _Sums())
-        tr = Translator(sc, pipeline, member, until, export_snapshot is not None, counters,
+        tr = Translator(sc, pipeline, member, bounds, export_snapshot is not None, counters,
                         sc.defaultParallelism)
         try:
             tr.build()
@@ -262,9 +317,7 @@ class SparkRunner:
             counters_out[k] = sums.get(k, 0)
         watermark = None
         if tr.window_stages:
-            watermark = min(tr.cuts) if tr.cuts else _END_OF_TIME
+            watermark = min(tr.cuts) if tr.cuts else EVERY_WINDOW_CLOSED
         return BackfillResult(offsets=tr.offsets, watermark=watermark, counters=counters_out,
                               snapshot=snapshot, seconds=time.perf_counter() - started)
 
-
-_END_OF_TIME = sys.maxsize - 1  # every window closed: the end of a finite stream

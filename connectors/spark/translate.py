@@ -183,15 +183,41 @@ def _outputs(it: Iterator) -> Iterator[list]:
     return chunked(v for tag, v in it if tag == "o")
 
 
+def read_source_bounds(pipeline: Pipeline, until: Any) -> dict[int, Any]:
+    """What each file and Kafka source of ``pipeline`` will read, found before Spark starts so
+    that a wrong path, a missing topic, brokers that do not answer or an ``until`` before the
+    start fail with their own message and no Spark session: by source transform id, the files
+    (``matching_files``) or the offset ranges (``offset_ranges``)."""
+    from jetwake.connectors.spark.kafka_io import offset_ranges
+    bounds: dict[int, Any] = {}
+    for t in pipeline.transforms:
+        if not isinstance(t, SourceTransform):
+            continue
+        spec = t.source.spec
+        kind = spec["kind"]
+        if kind in ("files", "parquet", "json_lines"):
+            bounds[id(t)] = matching_files(spec["pattern"], kind)
+        elif kind == "kafka":
+            bounds[id(t)] = offset_ranges(spec, until)
+    if isinstance(until, dict):
+        read = {topic for t in pipeline.transforms if isinstance(t, SourceTransform)
+                and t.source.spec["kind"] == "kafka" for topic in t.source.spec["topics"]}
+        unknown = sorted(set(until) - read)
+        if unknown:
+            raise ValueError(f"until: offsets for topic(s) {unknown}, which no Kafka source of "
+                             f"the pipeline reads (they read {sorted(read)})")
+    return bounds
+
+
 class Translator:
     """Builds the RDDs of one run; :meth:`run_sinks` starts the Spark jobs."""
 
-    def __init__(self, sc: Any, pipeline: Pipeline, member: Any, until: Any,
+    def __init__(self, sc: Any, pipeline: Pipeline, member: Any, bounds: dict[int, Any],
                  export_state: bool, counters: Any, partitions: int) -> None:
         self.sc = sc
         self.pipeline = pipeline
         self.member = member
-        self.until = until
+        self.bounds = bounds  # read_source_bounds()
         self.export_state = export_state
         self.counters = counters
         self.partitions = max(1, partitions)
@@ -321,7 +347,7 @@ class Translator:
             return StageOut(rdd, ordered=True, local=parts)
         if kind in ("files", "parquet", "json_lines"):
             pattern = spec["pattern"]
-            paths = matching_files(pattern, kind)
+            paths = self.bounds[id(t)]
             if not paths:
                 log.warning("%s: no file matches %r", t.name, pattern)
                 return StageOut(sc.emptyRDD(), ordered=True)
@@ -347,8 +373,8 @@ class Translator:
                                                               preservesPartitioning=True)
             return StageOut(rdd, ordered=True)
         # kafka: one Spark partition per Kafka partition, read by a consumer in the task
-        from jetwake.connectors.spark.kafka_io import offset_ranges, read_range
-        ranges = offset_ranges(spec, self.until)
+        from jetwake.connectors.spark.kafka_io import read_range
+        ranges = self.bounds[id(t)]
         for topic, _, p, _, end in ranges:
             self.offsets.setdefault(topic, {})[p] = end
         counters = self.counters

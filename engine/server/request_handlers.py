@@ -367,7 +367,7 @@ class RequestHandlers:
         store = self.member.snapshot_store
         if store.get_export(name) is not None:
             raise SnapshotError(f"a snapshot named {name!r} exists already on the member; "
-                                f"delete it (jetwake snapshot delete {name}) or choose another")
+                                f"delete it (jetwake delete-snapshot {name}) or choose another")
         exported = store.write_export(name, job_name, entries)
         log.info("snapshot '%s' written by %s (%d entries)", name, peer, len(entries))
         return record_dict(exported)  # type: ignore[return-value]
