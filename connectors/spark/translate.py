@@ -537,7 +537,7 @@ class Translator:
                           if chunk), key=_none_lowest, default=None)
         # the watermark after the last event: a ttl downstream evicts at it before the end
         want_last = any(isinstance(d, MapStatefulTransform) and d.ttl is not None
-                        for d in _downstream(self.pipeline.transforms, t))
+                        for d in t.downstream(self.pipeline.transforms))
         maxima = _local_maxima(up.local, fn, want_last) \
             if up.local is not None and not timed_in else None
         if maxima is None:
@@ -959,21 +959,6 @@ def _dumps(chunk: list) -> bytes:
 
 def _loads_all(blobs: list) -> Iterator[list]:
     return map(pickle.loads, blobs)
-
-
-def _downstream(transforms: list, t: Transform) -> Iterator[Transform]:
-    """The transforms fed by ``t``, directly or not, up to the next ``with_timestamps``."""
-    seen: set[int] = set()
-    todo = [t]
-    while todo:
-        x = todo.pop()
-        for d in transforms:
-            if id(d) in seen or isinstance(d, TimestampTransform) or \
-                    not any(u is x for u in d.upstream):
-                continue
-            seen.add(id(d))
-            yield d
-            todo.append(d)
 
 
 def _local_maxima(parts: list, fn: Callable[[Any], Any] | None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from math import gcd
 from operator import itemgetter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from jetwake.engine.core.errors import PipelineError
 from jetwake.engine.core.dag import Vertex
@@ -308,23 +308,30 @@ class TimestampTransform(Transform):
         self.upstream_watermarks = upstream_watermarks
         self.side_sink: Sink | None = None  # events without a readable timestamp
 
+    def downstream(self, transforms: Sequence[Transform]) -> Iterator[Transform]:
+        """The stages of a pipeline of ``transforms`` that see this stage's timestamps: those
+        it feeds, directly or not, up to the next ``with_timestamps``."""
+        seen: set[int] = set()
+        todo: list[Transform] = [self]
+        while todo:
+            x = todo.pop()
+            for d in transforms:
+                if id(d) in seen or isinstance(d, TimestampTransform) or \
+                        not any(up is x for up in d.upstream):
+                    continue
+                seen.add(id(d))
+                yield d
+                todo.append(d)
+
     def watermark_step(self, transforms: Sequence[Transform]) -> int:
         """The throttling step of this stage's watermarks in a pipeline of ``transforms``: the
         gcd of the frame sizes (or session gaps) of the windows downstream; 0 when none (a
         watermark per chunk)."""
         step = 0
-        seen: set[int] = set()
-        todo: list[Transform] = [self]
-        while todo:
-            x = todo.pop()
-            for d in [t for t in transforms if any(up is x for up in t.upstream)]:
-                if id(d) in seen or isinstance(d, TimestampTransform):
-                    continue
-                seen.add(id(d))
-                if isinstance(d, WindowAggregateTransform):
-                    w = d.wdef
-                    step = gcd(step, w.gap if w.is_session else w.slide)
-                todo.append(d)
+        for d in self.downstream(transforms):
+            if isinstance(d, WindowAggregateTransform):
+                w = d.wdef
+                step = gcd(step, w.gap if w.is_session else w.slide)
         return step
 
     def add_to_dag(self, planner: Planner) -> None:
