@@ -134,6 +134,36 @@ def test_a_key_s_items_keep_the_source_order_after_with_timestamps(spark_runner)
     assert sorted(on_spark["joined"]) == [("k", "a"), ("k", "ab"), ("k", "abc")]
 
 
+def test_merged_timestamped_streams_drop_no_event_as_late(spark_runner):
+    # behind its own stream's watermark, but the merged stream's watermark (the lower of the
+    # two, which depends on how fast each was read) is not known to a backfill
+    a = [("a", t) for t in (0, 10, 20, 5)]
+    b = [("b", t) for t in (0, 1, 2)]
+    p = Pipeline()
+    left = p.read_from(Sources.items(a)).with_timestamps(lambda e: e[1], 0)
+    right = p.read_from(Sources.items(b)).with_timestamps(lambda e: e[1], 0)
+    left.merge(right).window(WindowDefinition.tumbling(10)).late_events_to(Sinks.list("late")) \
+        .aggregate(ops.counting()).write_to(Sinks.list("counts"))
+    with Member() as m:
+        result = spark_runner.run(p, member=m)
+        assert sorted(tuple(r) for r in m.get_list("counts")) == [(0, 10, 5), (10, 20, 1),
+                                                                  (20, 30, 1)]
+        assert list(m.get_list("late")) == []
+    assert result.counters["late_events"] == 0
+
+
+def test_a_files_sink_directory_holds_only_the_latest_run(spark_runner, tmp_path):
+    out = tmp_path / "out"
+
+    def run(items: list) -> None:
+        p = Pipeline()
+        p.read_from(Sources.items(items)).write_to(Sinks.files(str(out)))
+        spark_runner.run(p)
+    run([f"first-{i}" for i in range(5_000)])  # two tasks, two files
+    run(["second"])                              # one task
+    assert [f.read_text() for f in sorted(out.iterdir())] == ["second\n"]
+
+
 def test_late_and_bad_events_go_to_their_side_sinks_unchanged(spark_runner):
     data = [("k", 0), ("k", "oops"), ("k", 5_000), ("k", 10), {"t": "not a time"}]
 
@@ -168,12 +198,19 @@ def test_windows_match_the_member_late_events_included(spark_runner, xs, lag):
             .write_to(Sinks.list("no-combine"))
         t.window(WindowDefinition.session(4)).group_by(_key).aggregate(ops.summing(_value)) \
             .write_to(Sinks.list("session"))
+        # order-dependent accumulators: each window sees its events in arrival order
+        t.window(WindowDefinition.session(3)).group_by(_key).aggregate(ops.to_list()) \
+            .write_to(Sinks.list("session-list"))
+        t.window(WindowDefinition.tumbling(6)).group_by(_key) \
+            .aggregate(AggregateOperation(list, lambda a, e: a + [e[1]])) \
+            .write_to(Sinks.list("no-combine-list"))
         other = p.read_from(Sources.items(xs[::2])).with_timestamps(_time, lag)
         t.window(WindowDefinition.tumbling(10)).group_by(_key) \
             .aggregate2(ops.counting(), other.group_by(_key), ops.summing(_value)) \
             .write_to(Sinks.list("co"))
     on_spark, result = same_output(spark_runner, build,
-                                   ["tumbling", "sliding", "no-combine", "session", "co"])
+                                   ["tumbling", "sliding", "no-combine", "session", "co",
+                                    "session-list", "no-combine-list"])
     assert result.watermark is not None
 
 

@@ -284,5 +284,36 @@ def write_partition(index: int, chunks: Iterator[list], fmt: Any,
         if errors:
             raise BackfillKafkaError(f"{fmt.where}: {len(errors)} record(s) failed: {errors[0]}")
     except KafkaException as e:
+        _abort(producer, transactional_id)
         raise BackfillKafkaError(f"{fmt.where}: {e}") from None
+    except BaseException:
+        _abort(producer, transactional_id)  # a function of the pipeline raised: nothing stays
+        raise
     return n
+
+
+def fence_transactions(fmt: Any, transactional_ids: list[str]) -> None:
+    """Aborts whatever transaction each of ``transactional_ids`` left open (a task Spark killed
+    when the job failed never aborted its own): a producer that takes over an id fences the
+    earlier one, and the broker aborts its open transaction. Otherwise read_committed
+    consumers of the topic would wait at it for the transaction's timeout."""
+    from confluent_kafka import KafkaException, Producer
+
+    for tid in transactional_ids:
+        props = dict(fmt.properties)
+        props.update({"enable.idempotence": True, "transactional.id": tid})
+        try:
+            Producer(with_client_log(props)).init_transactions(30)
+        except KafkaException:
+            pass  # the run's own failure is what the caller reports
+
+
+def _abort(producer: Any, transactional_id: str | None) -> None:
+    """Aborts the task's open transaction, so that read_committed consumers are not held at
+    it until the broker's transaction timeout (a retried attempt would fence it too)."""
+    if transactional_id is None:
+        return
+    try:
+        producer.abort_transaction(30)
+    except Exception:  # noqa: BLE001 - not begun, already ended, or fenced: nothing to undo
+        pass

@@ -27,6 +27,7 @@ from jetwake.engine.operations.window_definition import items_by_frame
 from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
 from jetwake.engine.processors.event_time_base import call_with_arity
 from jetwake.engine.processors.map_stateful import END_OF_TIME
+from jetwake.engine.processors.session_window import add_to_sessions
 
 __all__ = ["rolling", "map_stateful", "frame_windows", "sessions", "sliding_no_combine",
            "WM_KEY", "NO_CUT"]
@@ -219,36 +220,31 @@ def window_watermark_entries(vertex: str, cut: int, slide: int, two_stage: bool,
 
 def sessions(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | None, gap: int,
              cut: int | None, vertex: str, export_state: bool) -> Iterator[tuple]:
-    """Session windows of each key: events less than ``gap`` apart form one session
-    ``[first event, last event + gap)``, emitted when it ends at or before ``cut``."""
-    create, accumulate, finish = op.create, op.accumulate, op.finish
+    """Session windows of each key, its events applied in arrival order as the member's
+    processor applies them (``add_to_sessions``): events less than ``gap`` apart form one
+    session ``[first event, last event + gap)``, emitted when it ends at or before ``cut``
+    (late events were dropped before, so no event reaches a session the watermark closed)."""
+    create, accumulate, combine, finish = op.create, op.accumulate, op.combine, op.finish
     keyed = key_fn is not None
-    current: dict = {}  # key -> [start, end, acc], the key's latest session
-    open_sessions: dict = {}  # key -> sessions kept open at the cut
-
-    def close(k: Any, s: list) -> Iterator[tuple]:
-        if cut is not None and s[1] > cut:
-            open_sessions.setdefault(k, []).append(s)
-            return
-        r = finish(s[2])
-        yield "o", KeyedWindowResult(s[0], s[1], k, r) if keyed else WindowResult(s[0], s[1], r)
-
+    by_key: dict = {}  # key -> its sessions, disjoint, sorted by start: [start, end, acc]
     for _, (t, _, x) in rows:
         k = key_fn(x) if keyed else None
-        s = current.get(k)
-        if s is not None and t < s[1]:  # events arrive in time order: t >= s[0]
-            if t + gap > s[1]:
-                s[1] = t + gap
-            s[2] = accumulate(s[2], x)
-            continue
-        if s is not None:
-            yield from close(k, s)
-        current[k] = [t, t + gap, accumulate(create(), x)]
-    for k, s in current.items():
-        yield from close(k, s)
-    if export_state:
-        for k, ss in open_sessions.items():
-            yield "s", (vertex, k, [list(s) for s in ss])
+        ss = by_key.get(k)
+        if ss is None:
+            by_key[k] = [[t, t + gap, accumulate(create(), x)]]
+        else:
+            add_to_sessions(ss, t, t + gap, x, create, accumulate, combine)
+    for k, ss in by_key.items():
+        open_sessions = []
+        for s in ss:
+            if cut is not None and s[1] > cut:
+                open_sessions.append(s)
+                continue
+            r = finish(s[2])
+            yield "o", KeyedWindowResult(s[0], s[1], k, r) if keyed else \
+                WindowResult(s[0], s[1], r)
+        if export_state and open_sessions:
+            yield "s", (vertex, k, [list(s) for s in open_sessions])
 
 
 def sliding_no_combine(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | None,

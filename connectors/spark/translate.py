@@ -268,27 +268,35 @@ class Translator:
                     j += 1
         return up.chunks(self.counters).mapPartitionsWithIndex(pos)
 
-    def _by_key_sorted(self, up: StageOut, key_fn: Callable[[Any], Any] | None,
-                       by_time: bool | None = None) -> Any:
-        """Each key's elements in one partition, in event-time (``by_time``, by default when
-        the stage has event time from a source not read in order) then position order (the
-        order the streaming job gives a key's items); keys placed by jetwake's own
-        partitioning."""
+    def _by_key_sorted(self, up: StageOut, key_fn: Callable[[Any], Any] | None) -> Any:
+        """Each key's elements in one partition, in the order a member's processor for the key
+        would get them; keys placed by jetwake's own partitioning.
+
+        A source read in order gives them in that order (partition by partition, each in
+        order), as the member's one source processor does. Kafka partitions are read side by
+        side: each partition's records stay in offset order, and the partitions are merged by
+        how far each has got in event time (the highest record time read so far in it), then
+        by partition, as a member reading them at the same pace would; a key in one partition
+        sees exactly its offset order."""
         n = self.partitions
         timed = up.timed
-        # a source read in order gives each key's items in that order, as the member's one
-        # source processor does; Kafka partitions read side by side have no such order
-        by_time = (up.timestamped and not up.ordered) if by_time is None else by_time
+        by_progress = up.timestamped and not up.ordered
 
         def rows(i: int, it: Iterator) -> Iterator:
             j = 0
+            top = NO_WATERMARK
             for chunk in it:
                 for e in chunk:
                     if key_fn is None:
                         pid = 0
                     else:
                         pid = partition_of(key_fn(e[2] if timed else e)) % n
-                    yield ((pid, e[0], i, j) if by_time else (pid, i, j)), e
+                    if by_progress:
+                        if e[0] > top:
+                            top = e[0]
+                        yield (pid, top, i, j), e
+                    else:
+                        yield (pid, i, j), e
                     j += 1
         return up.chunks(self.counters).mapPartitionsWithIndex(rows) \
             .repartitionAndSortWithinPartitions(n, partitionFunc=_first)
@@ -429,6 +437,8 @@ class Translator:
             rdd = u.chunks(self.counters)
             if u.timed and not timed:  # a timed input merged with plain ones: items only
                 rdd = rdd.map(_untimed, preservesPartitioning=True)
+            elif timed and len(ups) > 1:
+                rdd = rdd.map(_watermark_unknown, preservesPartitioning=True)
             rdds.append(rdd)
         cuts = [u.cut for u in ups if u.cut is not None]
         return StageOut(self.sc.union(rdds), timed=timed,
@@ -610,7 +620,7 @@ class Translator:
             return StageOut(res.map(lambda ka: [finish(ka[1])]))
         # no combine: every item of a key in one task, in order
         accumulate = op.accumulate
-        rows = self._by_key_sorted(up, key_fn, by_time=False)
+        rows = self._by_key_sorted(up, key_fn)
 
         def agg(it: Iterator) -> Iterator:
             accs: dict = {}
@@ -734,6 +744,8 @@ class Translator:
                 raise PipelineError(f"stage {t.name!r}: its input {u.name!r} has no "
                                     "timestamps; call with_timestamps() before windowing")
         self.window_stages += 1
+        if len(ups) > 1:
+            ups = [u.then((_watermark_unknown, None)) for u in ups]
         wdef, ops, key_fns, name = t.wdef, t.ops, t.key_fns, t.name
         session = wdef.is_session
         slide, size, gap = wdef.slide, wdef.size, wdef.gap
@@ -803,7 +815,7 @@ class Translator:
                 if len(kept) < len(chunk):
                     late(len(chunk) - len(kept))
                 return kept
-            rows = self._by_key_sorted(ups[0].then((drop_late, None)), kf, by_time=True)
+            rows = self._by_key_sorted(ups[0].then((drop_late, None)), kf)
             if session:
                 tagged = rows.mapPartitions(lambda it: keyed.sessions(
                     it, op, kf, gap, cut, name, export))
@@ -833,6 +845,11 @@ class Translator:
             import os
             directory, encoding = spec["directory"], spec["encoding"]  # type: ignore[index]
             os.makedirs(directory, exist_ok=True)
+            # the files of an earlier run, which has had more tasks than this one writes, go:
+            # the directory holds this run's output only (each task writes file <its index>)
+            for name in os.listdir(directory):
+                if name.isdigit() and int(name) >= chunks.getNumPartitions():
+                    os.remove(os.path.join(directory, name))
 
             def write(i: int, it: Iterator) -> Iterator:
                 n = 0
@@ -845,12 +862,18 @@ class Translator:
         if kind == "kafka":
             import uuid
 
-            from jetwake.connectors.spark.kafka_io import write_partition
+            from jetwake.connectors.spark.kafka_io import fence_transactions, write_partition
             fmt = spec["format"]  # type: ignore[index]
             txn = f"jetwake-backfill-{uuid.uuid4().hex[:12]}-{t.name}" \
                 if spec["exactly_once"] else None  # type: ignore[index]
-            return chunks.mapPartitionsWithIndex(lambda i, it: [write_partition(
-                i, it, fmt, f"{txn}-{i}" if txn else None)]).sum()
+            try:
+                return chunks.mapPartitionsWithIndex(lambda i, it: [write_partition(
+                    i, it, fmt, f"{txn}-{i}" if txn else None)]).sum()
+            except BaseException:
+                if txn is not None:  # tasks Spark killed when the job failed left theirs open
+                    fence_transactions(fmt, [f"{txn}-{i}"
+                                             for i in range(chunks.getNumPartitions())])
+                raise
         if kind == "noop":
             return chunks.map(len).sum()
         if kind == "logger":
@@ -907,6 +930,14 @@ _MISSING = object()
 _TS = itemgetter(0)
 _ITEM = itemgetter(2)
 _INTS = {int}
+
+
+def _watermark_unknown(chunk: list) -> list:
+    """Timed elements without the watermark they met. Where several timestamped inputs meet
+    (merge, co-aggregation), the member's watermark is the lowest of theirs, and what that was
+    when an event arrived depends on how the inputs interleaved, which a backfill cannot know:
+    as for Kafka partitions, no event is judged late."""
+    return [(t, None, x) for t, _, x in chunk]
 
 
 def _rows(columns: tuple) -> list:

@@ -22,7 +22,39 @@ from jetwake.engine.operations.window_result import KeyedWindowResult, WindowRes
 from jetwake.engine.core.processor import BroadcastKey, Inbox
 from jetwake.engine.processors.sliding_window import _WM_KEY, _WindowBase
 
-__all__ = ["SessionWindowProcessor"]
+__all__ = ["SessionWindowProcessor", "add_to_sessions"]
+
+
+def add_to_sessions(ss: list[list], t: int, t_end: int, x: Any, create: Callable[[], Any],
+                    accumulate: Callable[[Any, Any], Any],
+                    combine: Callable[[Any, Any], Any] | None) -> bool:
+    """Adds the event ``x`` covering ``[t, t_end)`` to a key's sessions ``ss`` (disjoint,
+    sorted by start, each ``[start, end, acc]``): it extends the session it overlaps, merges
+    the sessions it overlaps (their accumulators combined), or starts one. True when it started
+    one. The member's processor and the Spark backfill both apply events this way, in the order
+    they arrive, so a session's accumulator sees its events in the same order."""
+    hits = [i for i, s in enumerate(ss) if s[0] < t_end and t < s[1]]
+    if not hits:
+        new = [t, t_end, accumulate(create(), x)]
+        i = 0
+        while i < len(ss) and ss[i][0] < t:
+            i += 1
+        ss.insert(i, new)
+        return True
+    first = ss[hits[0]]
+    for i in hits[1:]:
+        s = ss[i]
+        first[2] = combine(first[2], s[2])  # type: ignore[misc]
+        if s[1] > first[1]:
+            first[1] = s[1]
+    for i in reversed(hits[1:]):
+        del ss[i]
+    if t < first[0]:
+        first[0] = t
+    if t_end > first[1]:
+        first[1] = t_end
+    first[2] = accumulate(first[2], x)
+    return False
 
 
 class SessionWindowProcessor(_WindowBase):
@@ -70,29 +102,8 @@ class SessionWindowProcessor(_WindowBase):
                         s[1] = t_end
                     s[2] = accumulate(s[2], x)
                     continue
-            # the general case: find every session the event's interval overlaps
-            hits = [i for i, s in enumerate(ss) if s[0] < t_end and t < s[1]]
-            if not hits:
-                new = [t, t_end, accumulate(create(), x)]
-                i = 0
-                while i < len(ss) and ss[i][0] < t:
-                    i += 1
-                ss.insert(i, new)
+            if add_to_sessions(ss, t, t_end, x, create, accumulate, combine):
                 self._push(t_end, k)
-                continue
-            first = ss[hits[0]]
-            for i in hits[1:]:
-                s = ss[i]
-                first[2] = combine(first[2], s[2])  # type: ignore[misc]
-                if s[1] > first[1]:
-                    first[1] = s[1]
-            for i in reversed(hits[1:]):
-                del ss[i]
-            if t < first[0]:
-                first[0] = t
-            if t_end > first[1]:
-                first[1] = t_end
-            first[2] = accumulate(first[2], x)
 
     def _close_upto(self, limit: int) -> None:
         """Emits the sessions that end at or before ``limit``."""
