@@ -227,22 +227,38 @@ def sessions(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | Non
     create, accumulate, combine, finish = op.create, op.accumulate, op.combine, op.finish
     keyed = key_fn is not None
     by_key: dict = {}  # key -> its sessions, disjoint, sorted by start: [start, end, acc]
-    for _, (t, _, x) in rows:
+
+    def result(k: Any, s: list) -> tuple:
+        r = finish(s[2])
+        return "o", KeyedWindowResult(s[0], s[1], k, r) if keyed else \
+            WindowResult(s[0], s[1], r)
+
+    for _, (t, w, x) in rows:
         k = key_fn(x) if keyed else None
         ss = by_key.get(k)
         if ss is None:
             by_key[k] = [[t, t + gap, accumulate(create(), x)]]
-        else:
+            continue
+        last = ss[-1]
+        if t < last[0]:  # out of order: it may reach, and merge, any session
             add_to_sessions(ss, t, t + gap, x, create, accumulate, combine)
+        elif t < last[1]:  # sessions are disjoint: only the last one reaches this far
+            if t + gap > last[1]:
+                last[1] = t + gap
+            last[2] = accumulate(last[2], x)
+        else:
+            ss.append([t, t + gap, accumulate(create(), x)])
+            # the sessions the watermark has closed: no later event reaches them (a later one
+            # below the watermark was dropped as late), so a key keeps few sessions at a time
+            while w is not None and ss[0][1] <= w and (cut is None or ss[0][1] <= cut):
+                yield result(k, ss.pop(0))
     for k, ss in by_key.items():
         open_sessions = []
         for s in ss:
             if cut is not None and s[1] > cut:
                 open_sessions.append(s)
                 continue
-            r = finish(s[2])
-            yield "o", KeyedWindowResult(s[0], s[1], k, r) if keyed else \
-                WindowResult(s[0], s[1], r)
+            yield result(k, s)
         if export_state and open_sessions:
             yield "s", (vertex, k, [list(s) for s in open_sessions])
 

@@ -14,6 +14,7 @@ counted and dropped (or routed to the late-events sink).
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right
 from typing import Any, Callable
 
 from jetwake.engine.operations.aggregate import AggregateOperation
@@ -25,6 +26,14 @@ from jetwake.engine.processors.sliding_window import _WM_KEY, _WindowBase
 __all__ = ["SessionWindowProcessor", "add_to_sessions"]
 
 
+def _start(s: list) -> int:
+    return s[0]
+
+
+def _end(s: list) -> int:
+    return s[1]
+
+
 def add_to_sessions(ss: list[list], t: int, t_end: int, x: Any, create: Callable[[], Any],
                     accumulate: Callable[[Any, Any], Any],
                     combine: Callable[[Any, Any], Any] | None) -> bool:
@@ -33,22 +42,19 @@ def add_to_sessions(ss: list[list], t: int, t_end: int, x: Any, create: Callable
     the sessions it overlaps (their accumulators combined), or starts one. True when it started
     one. The member's processor and the Spark backfill both apply events this way, in the order
     they arrive, so a session's accumulator sees its events in the same order."""
-    hits = [i for i, s in enumerate(ss) if s[0] < t_end and t < s[1]]
-    if not hits:
-        new = [t, t_end, accumulate(create(), x)]
-        i = 0
-        while i < len(ss) and ss[i][0] < t:
-            i += 1
-        ss.insert(i, new)
+    # disjoint and sorted by start, so sorted by end too: the sessions the event overlaps are
+    # the run from the first that ends after t to the last that starts before t_end
+    lo = bisect_right(ss, t, key=_end)
+    hi = bisect_left(ss, t_end, lo, key=_start)
+    if lo == hi:
+        ss.insert(lo, [t, t_end, accumulate(create(), x)])
         return True
-    first = ss[hits[0]]
-    for i in hits[1:]:
-        s = ss[i]
+    first = ss[lo]
+    for s in ss[lo + 1:hi]:
         first[2] = combine(first[2], s[2])  # type: ignore[misc]
         if s[1] > first[1]:
             first[1] = s[1]
-    for i in reversed(hits[1:]):
-        del ss[i]
+    del ss[lo + 1:hi]
     if t < first[0]:
         first[0] = t
     if t_end > first[1]:
