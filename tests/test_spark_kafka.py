@@ -291,3 +291,35 @@ def test_records_of_keys_in_one_partition_keep_their_offset_order_across_the_han
             time.sleep(0.1)
         job.cancel()
         assert sorted(m.get_list("seen"), key=len)[-1] == "abcdefgh"
+
+
+def test_a_ttl_over_kafka_evicts_as_the_partition_s_time_passes_not_only_at_the_end(
+        spark_runner, kafka_bootstrap, kafka_topic):
+    topic = kafka_topic(partitions=1)
+    n = 12_000
+    # key "a" in records 0-999 and again from 9,000; between, 8,000 records (80 s) of other
+    # keys: far more than the ttl, so a streaming job lets a's first state expire
+    keys = ["a" if i < 1_000 or i >= 9_000 else f"filler-{i % 7}" for i in range(n)]
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
+    for i, k in enumerate(keys):
+        p.produce(topic, b"x", k.encode(), partition=0, timestamp=BASE + 10 * i)
+    assert p.flush(60) == 0
+
+    def count(state, key, item):
+        state["n"] = state.get("n", 0) + 1
+    pl = Pipeline()
+    pl.read_from(Sources.kafka(topic, {"bootstrap.servers": kafka_bootstrap},
+                               key_deserializer="str")) \
+        .with_native_timestamps(allowed_lag=0).group_by(lambda kv: kv[0]) \
+        .map_stateful(dict, count, ttl=2_000,
+                      on_evict=lambda state, key, wm: ("evicted", key, state["n"])) \
+        .write_to(Sinks.list("evicted"))
+    with Member() as m:
+        spark_runner.run(pl, until={topic: {0: n}}, export_snapshot="with-ttl", member=m)
+        evicted = list(m.get_list("evicted"))
+        # a's first state, evicted in the gap; the fillers, whose time ended before the cut
+        assert [e for e in evicted if e[1] == "a"] == [("evicted", "a", 1_000)]
+        assert sum(e[2] for e in evicted if e[1] != "a") == 8_000
+        state = dict(m.snapshot_store.read(m.snapshot_store.get_export("with-ttl"))
+                     ["map-stateful"])
+        assert state["a"][0] == {"n": 3_000}

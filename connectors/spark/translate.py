@@ -99,6 +99,7 @@ class StageOut:
     def __init__(self, chunks: Any, *, timed: bool = False, timestamped: bool = False,
                  ordered: bool = False, kafka: bool = False, cut: int | None = None,
                  last_watermark: int | None = None,
+                 partition_lag: tuple[int, int] | None = None,
                  chain: tuple = (), local: list | None = None,
                  columns: Any = None) -> None:
         self.base = chunks
@@ -117,12 +118,16 @@ class StageOut:
         # a bounded input read in order: the watermark after its last event (what the member's
         # watermark stage emits before the end of the stream), when known
         self.last_watermark = last_watermark
+        # Kafka, each Spark partition one Kafka partition in offset order: the (lag, step) of
+        # the watermark its records meet on their own partition
+        self.partition_lag = partition_lag
         self._chunks: Any = None
 
     def then(self, step: Step, **flags: Any) -> "StageOut":
         """This output with one more chain step (a stateless stage, or counting)."""
         kw = dict(timed=self.timed, timestamped=self.timestamped, ordered=self.ordered,
                   kafka=self.kafka, cut=self.cut, last_watermark=self.last_watermark,
+                  partition_lag=self.partition_lag,
                   local=self.local if step[0] is None else None,
                   columns=self.columns if step[0] is None else None)
         kw.update(flags)
@@ -246,7 +251,8 @@ class Translator:
             # read by several stages: computed (and counted) once
             out = StageOut(out.chunks(self.counters).persist(), timed=out.timed,
                            timestamped=out.timestamped, ordered=out.ordered, kafka=out.kafka,
-                           cut=out.cut, local=out.local, last_watermark=out.last_watermark)
+                           cut=out.cut, local=out.local, last_watermark=out.last_watermark,
+                           partition_lag=out.partition_lag)
         self.outs[id(t)] = out
         return out
 
@@ -535,6 +541,7 @@ class Translator:
                     lag += max(0, src.source.spec["options"].get("jetwake.watermark.lag.ms", 0))
                 cut = throttle(min(tops) - lag, step or 1)
                 self.cuts.append(cut)
+                stamped.partition_lag = (lag, step)
             stamped.cut = cut
             return stamped
         if not up.ordered or policy_factory().is_real_time:
@@ -719,9 +726,11 @@ class Translator:
 
     def _MapStatefulTransform(self, t: MapStatefulTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
+        counters, timed = self.counters, up.timed
+        if t.ttl is not None and up.partition_lag is not None and up.cut is not None:
+            up = self._own_partition_watermarks(up)
         args = (t.create_fn, t.map_fn, t.key_fn, up.timestamped, t.ttl, t.on_evict, t.name,
                 not up.kafka, up.cut, self.export_state, up.last_watermark)
-        counters, timed = self.counters, up.timed
 
         def late(n: int) -> None:
             counters.add({"late_events": n})
@@ -734,6 +743,26 @@ class Translator:
                                       NO_WATERMARK))
         return StageOut(out, timed=timed, timestamped=up.timestamped, kafka=up.kafka,
                         cut=up.cut, last_watermark=up.last_watermark)
+
+    def _own_partition_watermarks(self, up: StageOut) -> StageOut:
+        """Kafka records with the watermark of their own partition (its highest time so far,
+        less the lag, per chunk or step as the member's stage emits it), capped at the
+        hand-off watermark: a ttl evicts as the partition's time moves on, not only at the
+        end. The member's watermark is the lowest of the partitions', so this is its value
+        when the partitions keep an even pace; it only moves evictions, no record is judged
+        late by it (as for Kafka elsewhere)."""
+        (lag, step), cut = up.partition_lag, up.cut
+
+        def own(it: Iterator) -> Iterator:
+            top = NO_WATERMARK
+            for chunk in it:
+                if not chunk:
+                    continue
+                wms, top = watermarks_before([e[0] for e in chunk], top, lag, step)
+                yield [(ts, None if w is None else min(w, cut), x)
+                       for (ts, _, x), w in zip(chunk, wms)]
+        return StageOut(up.chunks(self.counters).mapPartitions(own, preservesPartitioning=True),
+                        timestamped=True, kafka=True, cut=cut)
 
     # --- windows -----------------------------------------------------------------------------
 
