@@ -237,8 +237,13 @@ def test_a_runner_accepts_an_existing_spark_session(spark_runner):
     p = Pipeline()
     p.read_from(Sources.items(["a", "b", "a"])).write_to(Sinks.list("out"))
     with Member() as m:
-        SparkRunner(spark=spark_runner.spark).run(p, member=m)
+        given = SparkRunner(spark=spark_runner.spark)
+        given.run(p, member=m)
         assert sorted(m.get_list("out")) == ["a", "a", "b"]
+        given.stop()  # a session it was given stays up for its owner
+        assert given.spark is spark_runner.spark
+        spark_runner.run(p, member=m)
+        assert len(m.get_list("out")) == 6
 
 
 def test_a_task_that_fails_aborts_its_transaction(spark_runner, kafka_bootstrap, kafka_topic):

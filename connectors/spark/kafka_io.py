@@ -242,14 +242,7 @@ def write_partition(index: int, chunks: Iterator[list], fmt: Any,
     aborts what it left open). Returns the number of records written."""
     from confluent_kafka import KafkaException, Producer
 
-    props = dict(fmt.properties)
-    props["enable.idempotence"] = True
-    if transactional_id is not None:
-        props["transactional.id"] = transactional_id
-        # the transaction spans the whole task, which may write for minutes: librdkafka's
-        # default (60 s) would let the broker abort it; 15 min is the brokers' default maximum
-        props.setdefault("transaction.timeout.ms", 900_000)
-    producer = Producer(with_client_log(props))
+    producer = Producer(_producer_config(fmt, transactional_id))
     errors: list = []
 
     def on_delivery(err: Any, _msg: Any) -> None:
@@ -300,12 +293,22 @@ def fence_transactions(fmt: Any, transactional_ids: list[str]) -> None:
     from confluent_kafka import KafkaException, Producer
 
     for tid in transactional_ids:
-        props = dict(fmt.properties)
-        props.update({"enable.idempotence": True, "transactional.id": tid})
         try:
-            Producer(with_client_log(props)).init_transactions(30)
+            Producer(_producer_config(fmt, tid)).init_transactions(30)
         except KafkaException:
             pass  # the run's own failure is what the caller reports
+
+
+def _producer_config(fmt: Any, transactional_id: str | None) -> dict:
+    """The sink's producer settings: idempotent, and transactional under ``transactional_id``
+    (one transaction spans a whole task, which may write for minutes: librdkafka's default
+    timeout, 60 s, would let the broker abort it; 15 min is the brokers' default maximum)."""
+    props = dict(fmt.properties)
+    props["enable.idempotence"] = True
+    if transactional_id is not None:
+        props["transactional.id"] = transactional_id
+        props.setdefault("transaction.timeout.ms", 900_000)
+    return with_client_log(props)
 
 
 def _abort(producer: Any, transactional_id: str | None) -> None:

@@ -241,15 +241,7 @@ def sessions(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | Non
         if ss is None:
             by_key[k] = [[t, t + gap, accumulate(create(), x)]]
             continue
-        last = ss[-1]
-        if t < last[0]:  # out of order: it may reach, and merge, any session
-            add_to_sessions(ss, t, t + gap, x, create, accumulate, combine)
-        elif t < last[1]:  # sessions are disjoint: only the last one reaches this far
-            if t + gap > last[1]:
-                last[1] = t + gap
-            last[2] = accumulate(last[2], x)
-        else:
-            ss.append([t, t + gap, accumulate(create(), x)])
+        if add_to_sessions(ss, t, t + gap, x, create, accumulate, combine):
             # the sessions the watermark has closed: no later event reaches them (a later one
             # below the watermark was dropped as late), so a key keeps few sessions at a time
             while w is not None and ss[0][1] <= w and (cut is None or ss[0][1] <= cut):
@@ -296,7 +288,8 @@ def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callab
                    slide: int, input_index: int, n_inputs: int,
                    late: Callable[[int], None], columnar: bool = False,
                    partitions: int = 1,
-                   partition_fn: Callable[[Any], int] = hash) -> Iterator[tuple]:
+                   partition_fn: Callable[[Any], int] = hash,
+                   judge_late: bool = True) -> Iterator[tuple]:
     """The first stage of sliding and tumbling windows, over one Spark partition's chunks of
     ``(ts, wm, item)`` (``columnar``: chunks as the three lists ``(times, watermarks, items)``,
     as the watermark stage makes them, each chunk's watermarks non-decreasing): drops the late
@@ -304,7 +297,8 @@ def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callab
     ``accumulate_grouped`` (as the member's accumulating processor does: one call per chunk
     when the chunk lies in one frame); yields, for each of the ``partitions`` partitions of
     the shuffle that has keys here, ``(partition, [(input index, frame, {key: acc})])``:
-    ``partition_fn(key) % partitions`` places a key."""
+    ``partition_fn(key) % partitions`` places a key. Without ``judge_late`` the watermarks
+    are not read: no event is late."""
     frames: dict = {}
     n_late = 0
     accumulate_grouped = op.accumulate_grouped
@@ -318,9 +312,10 @@ def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callab
             tss, wms, xs = list(map(_TS, chunk)), list(map(_WM, chunk)), list(map(_ITEM, chunk))
             if not tss:
                 continue
-            marks = set(wms)
-            marks.discard(None)
-            top = max(marks) if marks else None
+            marks = set(wms) if judge_late else ()
+            top = max((w for w in marks if w is not None), default=None)
+        if not judge_late:
+            top = None
         lo = min(tss)
         if top is not None and lo < top - top % slide:
             # an event is late when it is before the frame of the watermark it met

@@ -31,7 +31,7 @@ from jetwake.engine.pipeline.transforms import (
 )
 from jetwake.engine.processors.insert_watermarks import TimestampError
 from jetwake.engine.processors.sliding_window import composite_operation
-from jetwake.connectors.record_files import matching_files, read_records
+from jetwake.connectors.record_files import matching_files, read_records, warn_if_no_files
 from jetwake.connectors.spark import keyed
 from jetwake.connectors.spark.chunks import (
     CHUNK, Step, chunked, run_chain, stateless_chunk_function, watermarks_before,
@@ -39,7 +39,6 @@ from jetwake.connectors.spark.chunks import (
 
 __all__ = ["check_pipeline", "Translator", "StageOut"]
 
-log = logging.getLogger("jetwake.spark")
 
 _SOURCES = ("items", "files", "parquet", "json_lines", "map", "kafka")
 _SINKS = ("files", "list", "map", "kafka", "noop", "logger")
@@ -123,12 +122,15 @@ class StageOut:
         self.partition_lag = partition_lag
         self._chunks: Any = None
 
+    def flags(self) -> dict[str, Any]:
+        """What this output says of its elements, for another output of the same elements."""
+        return dict(timed=self.timed, timestamped=self.timestamped, ordered=self.ordered,
+                    kafka=self.kafka, cut=self.cut, last_watermark=self.last_watermark,
+                    partition_lag=self.partition_lag)
+
     def then(self, step: Step, **flags: Any) -> "StageOut":
         """This output with one more chain step (a stateless stage, or counting)."""
-        kw = dict(timed=self.timed, timestamped=self.timestamped, ordered=self.ordered,
-                  kafka=self.kafka, cut=self.cut, last_watermark=self.last_watermark,
-                  partition_lag=self.partition_lag,
-                  local=self.local if step[0] is None else None,
+        kw = dict(self.flags(), local=self.local if step[0] is None else None,
                   columns=self.columns if step[0] is None else None)
         kw.update(flags)
         return StageOut(self.base, chain=self.chain + (step,), **kw)
@@ -195,6 +197,7 @@ def read_source_bounds(pipeline: Pipeline, until: Any) -> dict[int, Any]:
     (``matching_files``) or the offset ranges (``offset_ranges``)."""
     from jetwake.connectors.spark.kafka_io import offset_ranges
     bounds: dict[int, Any] = {}
+    read: set[str] = set()  # the topics the Kafka sources read
     for t in pipeline.transforms:
         if not isinstance(t, SourceTransform):
             continue
@@ -204,9 +207,8 @@ def read_source_bounds(pipeline: Pipeline, until: Any) -> dict[int, Any]:
             bounds[id(t)] = matching_files(spec["pattern"], kind)
         elif kind == "kafka":
             bounds[id(t)] = offset_ranges(spec, until)
+            read.update(spec["topics"])
     if isinstance(until, dict):
-        read = {topic for t in pipeline.transforms if isinstance(t, SourceTransform)
-                and t.source.spec["kind"] == "kafka" for topic in t.source.spec["topics"]}
         unknown = sorted(set(until) - read)
         if unknown:
             raise ValueError(f"until: offsets for topic(s) {unknown}, which no Kafka source of "
@@ -249,10 +251,8 @@ class Translator:
             out = out.then((None, key))  # counted per chunk where it is read
         if self._consumers.get(id(t), 0) > 1:
             # read by several stages: computed (and counted) once
-            out = StageOut(out.chunks(self.counters).persist(), timed=out.timed,
-                           timestamped=out.timestamped, ordered=out.ordered, kafka=out.kafka,
-                           cut=out.cut, local=out.local, last_watermark=out.last_watermark,
-                           partition_lag=out.partition_lag)
+            out = StageOut(out.chunks(self.counters).persist(), local=out.local,
+                           **out.flags())
         self.outs[id(t)] = out
         return out
 
@@ -288,23 +288,27 @@ class Translator:
         timed = up.timed
         by_progress = up.timestamped and not up.ordered
 
+        def pid(e: Any) -> int:
+            return 0 if key_fn is None else partition_of(key_fn(e[2] if timed else e)) % n
+
         def rows(i: int, it: Iterator) -> Iterator:
+            j = 0
+            for chunk in it:
+                for e in chunk:
+                    yield (pid(e), i, j), e
+                    j += 1
+
+        def rows_by_progress(i: int, it: Iterator) -> Iterator:
             j = 0
             top = NO_WATERMARK
             for chunk in it:
                 for e in chunk:
-                    if key_fn is None:
-                        pid = 0
-                    else:
-                        pid = partition_of(key_fn(e[2] if timed else e)) % n
-                    if by_progress:
-                        if e[0] > top:
-                            top = e[0]
-                        yield (pid, top, i, j), e
-                    else:
-                        yield (pid, i, j), e
+                    if e[0] > top:
+                        top = e[0]
+                    yield (pid(e), top, i, j), e
                     j += 1
-        return up.chunks(self.counters).mapPartitionsWithIndex(rows) \
+        return up.chunks(self.counters).mapPartitionsWithIndex(
+            rows_by_progress if by_progress else rows) \
             .repartitionAndSortWithinPartitions(n, partitionFunc=_first)
 
     def _results(self, rdd: Any) -> Any:
@@ -362,8 +366,8 @@ class Translator:
         if kind in ("files", "parquet", "json_lines"):
             pattern = spec["pattern"]
             paths = self.bounds[id(t)]
+            warn_if_no_files(pattern, kind, paths)
             if not paths:
-                log.warning("%s: no file matches %r", t.name, pattern)
                 return StageOut(sc.emptyRDD(), ordered=True)
             encoding = spec.get("encoding", "utf-8")
 
@@ -773,8 +777,10 @@ class Translator:
                 raise PipelineError(f"stage {t.name!r}: its input {u.name!r} has no "
                                     "timestamps; call with_timestamps() before windowing")
         self.window_stages += 1
-        if len(ups) > 1:
-            ups = [u.then((_watermark_unknown, None)) for u in ups]
+        # several inputs: the member's watermark is the lowest of theirs, and what it was when
+        # an event arrived depends on how they interleaved, which a backfill cannot know; as
+        # for Kafka partitions, no event is judged late (merge() drops the watermarks instead)
+        judge_late = len(ups) == 1
         wdef, ops, key_fns, name = t.wdef, t.ops, t.key_fns, t.name
         session = wdef.is_session
         slide, size, gap = wdef.slide, wdef.size, wdef.gap
@@ -792,7 +798,7 @@ class Translator:
         def late(n: int) -> None:
             counters.add({"late_events": n})
 
-        if t.side_sink is not None:
+        if t.side_sink is not None and judge_late:
             def late_items(it: Iterator) -> Iterator:
                 for chunk in it:
                     for ts, w, x in chunk:
@@ -825,7 +831,7 @@ class Translator:
                 parts.append(chunks.mapPartitions(
                     lambda it, kf=kf, i=i, columnar=columnar: keyed.frame_partials(
                         it, ops[i], kf, slide, i, n, late, columnar, shuffled,
-                        portable_hash)))
+                        portable_hash, judge_late)))
             pairs = parts[0] if n == 1 else self.sc.union(parts)
             combine = op.combine
 
@@ -962,10 +968,11 @@ _INTS = {int}
 
 
 def _watermark_unknown(chunk: list) -> list:
-    """Timed elements without the watermark they met. Where several timestamped inputs meet
-    (merge, co-aggregation), the member's watermark is the lowest of theirs, and what that was
-    when an event arrived depends on how the inputs interleaved, which a backfill cannot know:
-    as for Kafka partitions, no event is judged late."""
+    """Timed elements without the watermark they met. Where several timestamped inputs are
+    merged, the member's watermark is the lowest of theirs, and what that was when an event
+    arrived depends on how the inputs interleaved, which a backfill cannot know: as for Kafka
+    partitions, no event is judged late (a co-aggregating window does not read them instead:
+    ``frame_partials(judge_late=False)``)."""
     return [(t, None, x) for t, _, x in chunk]
 
 

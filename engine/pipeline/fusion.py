@@ -29,7 +29,8 @@ from jetwake.engine.core.edge_transform import EdgeTransform
 from jetwake.engine.pipeline.event_time import adapt_to_timestamped, unwrap
 
 __all__ = ["FusedStep", "FusedChain", "StageMetrics", "stateless_function", "stateless_step",
-           "unwrap_step", "internal_step", "note_stage", "stage_of_note", "fused_stage_of", "fused_stage_metrics"]
+           "unwrap_step", "internal_step", "note_stage", "stage_of_note", "fused_stage_of",
+           "fused_stage_metrics"]
 
 
 # --- the semantics, once -------------------------------------------------------------------

@@ -37,11 +37,20 @@ def _end(s: list) -> int:
 def add_to_sessions(ss: list[list], t: int, t_end: int, x: Any, create: Callable[[], Any],
                     accumulate: Callable[[Any, Any], Any],
                     combine: Callable[[Any, Any], Any] | None) -> bool:
-    """Adds the event ``x`` covering ``[t, t_end)`` to a key's sessions ``ss`` (disjoint,
-    sorted by start, each ``[start, end, acc]``): it extends the session it overlaps, merges
+    """Adds the event ``x`` covering ``[t, t_end)`` to a key's sessions ``ss`` (not empty,
+    disjoint, sorted by start, each ``[start, end, acc]``): it extends the session it overlaps, merges
     the sessions it overlaps (their accumulators combined), or starts one. True when it started
     one. The member's processor and the Spark backfill both apply events this way, in the order
     they arrive, so a session's accumulator sees its events in the same order."""
+    last = ss[-1]
+    if t >= last[0]:  # in order (the common case): only the last session reaches this far
+        if t < last[1]:
+            if t_end > last[1]:
+                last[1] = t_end
+            last[2] = accumulate(last[2], x)
+            return False
+        ss.append([t, t_end, accumulate(create(), x)])
+        return True
     # disjoint and sorted by start, so sorted by end too: the sessions the event overlaps are
     # the run from the first that ends after t to the last that starts before t_end
     lo = bisect_right(ss, t, key=_end)
