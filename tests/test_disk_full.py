@@ -231,7 +231,9 @@ def test_operations_during_a_full_disk_end_in_states_the_user_can_act_on(disk):
         assert "No space left on device" in c.record_error
         assert recorded(data_dir, job.id)["status"] == "SUSPENDED", "written when possible"
         disk.free()
-        wait_until(lambda: recorded(data_dir, job.id)["status"] == "RUNNING",
+        # the record is on disk a moment before the coordinator clears its error: wait for both
+        wait_until(lambda: recorded(data_dir, job.id)["status"] == "RUNNING"
+                   and c.record_error is None,
                    "the record to be written again once there is space")
         assert c.record_error is None
 
