@@ -16,6 +16,7 @@ from jetwake.engine.pipeline.connector import Source
 from jetwake.engine.pipeline.event_time import native_pair_timestamp
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 from jetwake.connectors.items_source import ItemsSourceProcessor
+from jetwake.connectors.partitioned_items import READ_ORDERS, PartitionedItemsSourceProcessor
 
 __all__ = ["TestSources", "SimpleEvent", "ItemStreamProcessor", "TestItemsSourceProcessor",
            "TestAbort", "Abort", "WaitForSnapshot"]
@@ -209,6 +210,32 @@ class TestSources:
         data = items if isinstance(items, Sequence) else list(items)
         return Source("test-items", ProcessorMetaSupplier.of(
             lambda: TestItemsSourceProcessor(data), 1))
+
+    @staticmethod
+    def partitioned(partitions: Sequence[Sequence[Any]], *, batch: int = 64,
+                    order: str = "round_robin", seed: int = 0) -> Source:
+        """A bounded source of ``len(partitions)`` partitions, each read in the given order
+        and spread over the source's processors as a Kafka topic's partitions are; a
+        ``with_timestamps`` stage right after it keeps a watermark per partition.
+
+        ``order``: how a processor interleaves its partitions: "round_robin" (up to ``batch``
+        items of each in turn), "sequential" (one partition to its end, then the next) or
+        "random" (seeded by ``seed``). Replayable: positions are saved in snapshots."""
+        if isinstance(partitions, (str, bytes)) or not isinstance(partitions, Sequence) \
+                or not all(isinstance(p, Sequence) and not isinstance(p, (str, bytes))
+                           for p in partitions):
+            raise TypeError("TestSources.partitioned() expects a list of partitions, each a "
+                            f"list of items, got {type(partitions).__qualname__}")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"TestSources.partitioned(): batch must be a positive int, got "
+                             f"{batch!r}")
+        if order not in READ_ORDERS:
+            raise ValueError(f"TestSources.partitioned(): order must be one of {READ_ORDERS}, "
+                             f"got {order!r}")
+        data = [list(p) for p in partitions]
+        return Source("test-partitions", ProcessorMetaSupplier.of(
+            lambda: PartitionedItemsSourceProcessor(data, batch, order, seed)),
+            partitioned=True)
 
     @staticmethod
     def ABORT() -> Abort:  # noqa: N802 - a sentinel, named like Bytewax's

@@ -8,6 +8,7 @@ from jetwake.engine.core.chunk_emitter import ChunkEmitter
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.core.stream_items import IDLE_MESSAGE
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
+from jetwake.engine.processors.source_event_time import PartitionedSource, SourceEventTime
 
 __all__ = ["MapSourceProcessor", "MapSinkProcessor", "MapJournalSourceProcessor",
            "JournalOverrunError"]
@@ -61,7 +62,7 @@ class MapSourceProcessor(Processor):
         self._partitions = [p for p in self._partitions if p not in done]
 
 
-class MapJournalSourceProcessor(Processor):
+class MapJournalSourceProcessor(Processor, PartitionedSource):
     """Streams ``(key, new_value)`` for every put into a map, from its event journal.
 
     The map has one journal, so one processor of the job reads it (global index 0); the others
@@ -69,6 +70,9 @@ class MapJournalSourceProcessor(Processor):
     replays exactly the events after the snapshot. Events dropped from the bounded journal
     before they were read fail the job (``on_overrun="fail"``) or are counted in the
     ``journal_lost`` metric and skipped (``"skip"``), never skipped silently.
+
+    The journal is one partition: a ``with_timestamps`` stage right after the source runs in
+    it (``PartitionedSource``), and its highest timestamp is saved with the sequence.
     """
 
     def __init__(self, name: str, start: str, on_overrun: str) -> None:
@@ -79,12 +83,16 @@ class MapJournalSourceProcessor(Processor):
         self._map: Any = None
         self._reader = False
         self._idle_sent = False
+        self._top: int | None = None  # restored highest timestamp of the journal
+        self.et: SourceEventTime | None = None
 
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
         self._reader = context.global_processor_index == 0
         self._map = context.member.get_map(self.name)
         context.metrics.setdefault("journal_lost", 0)
+        self.et = self.make_event_time(context.metrics,
+                                       [(0, self._top)] if self._reader else [])
         if self._reader and self.start == "current":
             # "current" is the journal's end when the job starts, not when the source first
             # runs; a restore replaces it with the saved position
@@ -96,6 +104,7 @@ class MapJournalSourceProcessor(Processor):
         return self._map.journal_oldest_seq()
 
     def complete(self) -> bool:
+        et = self.et
         if not self._reader:
             if not self._idle_sent:
                 self._idle_sent = self.outbox.offer_control(IDLE_MESSAGE)
@@ -103,6 +112,8 @@ class MapJournalSourceProcessor(Processor):
         if self.seq is None:
             self.seq = self._first_seq()
         outbox = self.outbox
+        if et is not None and not et.flush(outbox):
+            return False
         while outbox.has_room():
             batch = self._map.journal_read(self.seq, _JOURNAL_BATCH)
             if batch.lost:
@@ -115,10 +126,19 @@ class MapJournalSourceProcessor(Processor):
                 self.context.metrics["journal_lost"] += batch.lost
             self.seq = batch.next_seq
             if not batch.events:
+                if et is not None:
+                    et.poll()
+                    et.flush(outbox)
                 return False
             out = [(e.key, e.new_value) for e in batch.events if e.kind == "put"]
-            if out:
+            if not out:
+                continue
+            if et is None:
                 outbox.offer_chunk(-1, out)
+            else:
+                et.add_items(0, out)
+                if not et.flush(outbox):
+                    return False
         return False
 
     def save_to_snapshot(self) -> bool:
@@ -126,11 +146,14 @@ class MapJournalSourceProcessor(Processor):
             return True
         if self.seq is None:
             self.seq = self._first_seq()
-        return self.outbox.offer_to_snapshot(BroadcastKey(("map-journal", self.name)), self.seq)
+        top = self.et.tops().get(0) if self.et is not None else None
+        return self.outbox.offer_to_snapshot(BroadcastKey(("map-journal", self.name)),
+                                             [self.seq, top])
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
-        for _, seq in inbox.drain():
-            self.seq = seq
+        for _, saved in inbox.drain():
+            # [sequence, top]; a snapshot of an older version holds the sequence alone
+            self.seq, self._top = (saved, None) if isinstance(saved, int) else saved
 
 
 class MapSinkProcessor(Processor):

@@ -118,7 +118,8 @@ class Sources:
             raise ValueError(f"Sources.map_journal(on_overrun=...) must be 'fail' or 'skip', "
                              f"got {on_overrun!r}")
         return Source(f"map-journal-{name}", ProcessorMetaSupplier.of(
-            lambda: MapJournalSourceProcessor(name, start, on_overrun), 1), is_stream=True)
+            lambda: MapJournalSourceProcessor(name, start, on_overrun), 1), is_stream=True,
+            partitioned=True)
 
     @staticmethod
     def kafka(topics: "str | Sequence[str]", properties: dict, *,
@@ -135,7 +136,9 @@ class Sources:
         .partition .offset .timestamp .key .value .headers``. ``on_error``: "fail" (a record
         that cannot be deserialized fails the job) or "dead_letter" (it goes to
         ``dead_letter_topic`` with the error in its headers). Record timestamps are the
-        native timestamps (``with_native_timestamps(lag)``).
+        native timestamps (``with_native_timestamps(lag)``). A ``with_timestamps`` or
+        ``with_native_timestamps`` stage right after this source runs inside it, with a
+        watermark per partition (docs/windowing.md, "Event time per partition").
         """
         from jetwake.engine.pipeline.event_time import native_pair_timestamp
         from jetwake.connectors.kafka.properties import source_properties
@@ -183,8 +186,7 @@ class Sources:
 
         return _spec(Source(f"kafka-source-{'-'.join(topic_list)}"[:120],
                             ProcessorMetaSupplier.of(make), is_stream=True,
-                            timestamp_fn=native_pair_timestamp,
-                            emits_watermarks=opts["jetwake.watermark.lag.ms"] >= 0),
+                            timestamp_fn=native_pair_timestamp, partitioned=True),
                      kind="kafka", topics=topic_list, properties=props, options=opts,
                      key_deserializer=kd, value_deserializer=vd, start=start,
                      projection=projection, on_error=on_error, dead_letter_topic=dlq)

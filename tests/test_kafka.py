@@ -19,8 +19,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from jetwake import JobConfig, JobStatus, Member, Pipeline, Sinks, Sources
 from jetwake.connectors.kafka.properties import KafkaConfigError
 from jetwake.connectors.kafka.sink import check_transaction_timeout
-from jetwake.connectors.kafka.source import PartitionWatermarks, owner_of_partition
-from jetwake.engine.core.stream_items import IDLE_MESSAGE
+from jetwake.connectors.kafka.source import owner_of_partition
 
 from test_kafka_faults import KEYS, Proc, Reader, check_exactly_once, produce
 
@@ -79,20 +78,6 @@ def test_jet_partition_assignment_formula():
     owners = [owner_of_partition(0, p, 2, 4) for p in range(6)]
     assert owners == [0, 1, 2, 3, 0, 1]
     assert [owner_of_partition(1, p, 2, 4) for p in range(3)] == [2, 3, 0]
-
-
-def test_partition_watermarks_coalesce_and_idle():
-    w = PartitionWatermarks(lag=10, idle_timeout_ms=1000)
-    w.add_partition(("t", 0))
-    w.add_partition(("t", 1))
-    w.observe(("t", 0), 500, 0.0)
-    assert w.poll(0.0) is None                  # partition 1 has no record yet
-    w.observe(("t", 1), 300, 0.0)
-    assert w.poll(0.0).timestamp == 290         # the slowest partition decides
-    w.observe(("t", 0), 900, 0.5)
-    assert w.poll(0.5) is None                  # still held back by partition 1
-    assert w.poll(1.2).timestamp == 890         # partition 1 idle: no longer holds it back
-    assert w.poll(3.0) is IDLE_MESSAGE          # everything idle
 
 
 # --- with the broker -------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_maps_are_synced_after_phase_1_and_before_each_commit_record(tmp_path, m
             for entries in m.snapshot_store.read(rec).values():
                 for key, value in entries:
                     if type(key) is BroadcastKey and key.key == ("map-journal", "in"):
-                        saved_seq = value
+                        saved_seq = value[0]  # [next sequence, highest timestamp]
                     elif isinstance(key, int) and 0 <= key < KEYS:
                         state[key] = value
             assert saved_seq is not None and state

@@ -19,8 +19,10 @@ SOURCE_OPTIONS = {
     "jetwake.partition.discovery.ms": 5_000,   # how often new partitions are looked for
     "jetwake.poll.batch": 2048,                # messages asked of one consume() call
     "jetwake.poll.timeout.ms": 20,             # accepted, no longer used: consume() never waits
-    "jetwake.idle.timeout.ms": 30_000,         # a partition without records is idle after
-    "jetwake.watermark.lag.ms": 0,             # per-partition watermarks (-1: none)
+    # accepted, no longer used: event time per partition is the timestamp stage's, run in the
+    # source (its allowed_lag and idle_timeout)
+    "jetwake.idle.timeout.ms": 30_000,
+    "jetwake.watermark.lag.ms": 0,
 }
 # librdkafka consumer settings the source uses unless the properties set them (measured with
 # bench/bench_kafka_peers.py; docs/performance.md has the figures)

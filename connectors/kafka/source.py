@@ -15,6 +15,11 @@ job's snapshots.
 - Records are consumed in batches (``consume(num_messages, timeout=0)``) and emitted as one
   chunk of ``(timestamp, item)`` pairs: the pipeline unwraps them unless
   ``with_native_timestamps`` uses the record timestamps as event time.
+- A ``with_timestamps(fn, lag)`` or ``with_native_timestamps(lag)`` stage right after the
+  source runs inside it (``PartitionedSource``): each partition's records go through the
+  timestamp function and the watermark policy on their own, the source emits the lowest
+  watermark of its partitions, and each partition's highest timestamp is saved with its offset
+  (engine/processors/source_event_time.py).
 - A record that cannot be deserialized (or projected) fails the job with its topic,
   partition and offset, or with ``on_error="dead_letter"`` is written to the dead-letter topic
   and counted (metric ``dead_letters``).
@@ -39,13 +44,14 @@ from operator import itemgetter
 from typing import Any, Callable, Sequence
 
 from jetwake.engine.core.errors import JetwakeError, RestartableError
-from jetwake.engine.core.stream_items import IDLE_MESSAGE, Watermark
+from jetwake.engine.core.partitioning import owner_of_partition
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
+from jetwake.engine.processors.source_event_time import PartitionedSource, SourceEventTime
 from jetwake.connectors.kafka.serde import KafkaRecord, deserialize_all
 from jetwake.connectors.kafka.client_log import with_client_log
 
 __all__ = ["KafkaSourceProcessor", "KafkaSourceError", "KafkaDeserializationError",
-           "PartitionWatermarks", "MetadataPoller", "owner_of_partition"]
+           "MetadataPoller", "owner_of_partition"]
 
 log = logging.getLogger("jetwake.kafka")
 
@@ -60,57 +66,6 @@ class KafkaSourceError(JetwakeError):
 class KafkaDeserializationError(JetwakeError):
     """A record could not be deserialized or projected; the message names its topic,
     partition and offset."""
-
-
-def owner_of_partition(topic_index: int, partition: int, topic_count: int,
-                       total_parallelism: int) -> int:
-    """The global processor index reading ``partition`` of the ``topic_index``-th topic
-    (Jet's ``StreamKafkaP`` formula: topics start at spread-out processors)."""
-    start = topic_index * max(1, total_parallelism // topic_count)
-    return (start + partition) % total_parallelism
-
-
-class PartitionWatermarks:
-    """Per-partition event time, coalesced: the source's watermark is the minimum over its
-    active partitions of (highest timestamp seen in the partition - lag); a partition without
-    records for ``idle_timeout_ms`` stops holding it back, and when every partition is idle
-    the source says so (IDLE_MESSAGE)."""
-
-    def __init__(self, lag: int, idle_timeout_ms: int) -> None:
-        self.lag = lag
-        self.idle_timeout = idle_timeout_ms / 1000
-        self.tops: dict[Any, int] = {}
-        self.active: dict[Any, float] = {}   # partition -> monotonic time of its last record
-        self.last: int | None = None
-        self.idle = False
-
-    def add_partition(self, tp: Any, top: int | None = None) -> None:
-        if top is not None:
-            self.tops[tp] = max(top, self.tops.get(tp, top))
-        self.active.setdefault(tp, time.monotonic())
-
-    def observe(self, tp: Any, top: int, now: float) -> None:
-        if top > self.tops.get(tp, -(2**63)):
-            self.tops[tp] = top
-        self.active[tp] = now
-
-    def poll(self, now: float) -> Watermark | None:
-        """The watermark to emit now, if it changed (a Watermark or IDLE_MESSAGE)."""
-        limit = now - self.idle_timeout
-        live = [self.tops.get(tp) for tp, t in self.active.items() if t >= limit]
-        if not live:
-            if not self.idle:
-                self.idle = True
-                return IDLE_MESSAGE
-            return None
-        if any(t is None for t in live):
-            return None  # an active partition without a record yet: nothing known
-        wm = min(live) - self.lag
-        if self.idle or self.last is None or wm > self.last:
-            self.idle = False
-            self.last = wm if self.last is None else max(wm, self.last)
-            return Watermark(self.last)
-        return None
 
 
 _ts = itemgetter(1)
@@ -149,7 +104,7 @@ class MetadataPoller:
             self._thread.join(5.0)
 
 
-class KafkaSourceProcessor(Processor):
+class KafkaSourceProcessor(Processor, PartitionedSource):
     def __init__(self, topics: Sequence[str], properties: dict, options: dict,
                  key_deserializer: Callable | None, value_deserializer: Callable | None,
                  start: Any, projection: Callable | None, on_error: str,
@@ -174,7 +129,7 @@ class KafkaSourceProcessor(Processor):
         self.start_offsets: dict[tuple[str, int], int] = {}
         self.snapshot_offsets: dict[int, list] = {}
         self.dead_letters: Any = None
-        self.wm: PartitionWatermarks | None = None
+        self.et: SourceEventTime | None = None  # event time per partition, when planned
         self._initial: dict[tuple[str, int], int] = {}  # start offsets found in init()
         self._poller: MetadataPoller | None = None
         self._dead_letter_deadline: float | None = None
@@ -197,9 +152,7 @@ class KafkaSourceProcessor(Processor):
         self.consumer = Consumer(with_client_log(props))
         self.batch = self.options["jetwake.poll.batch"]
         self.discovery = self.options["jetwake.partition.discovery.ms"] / 1000
-        lag = self.options.get("jetwake.watermark.lag.ms", -1)
-        if lag >= 0:
-            self.wm = PartitionWatermarks(lag, self.options["jetwake.idle.timeout.ms"])
+        self.et = self.make_event_time(context.metrics)
         context.metrics.setdefault("dead_letters", 0)
         context.metrics.setdefault("records_in", 0)
         md = self._metadata_with_retry()
@@ -296,9 +249,9 @@ class KafkaSourceProcessor(Processor):
         assignment = [TopicPartition(t, p, self.start_offsets[(t, p)]) for t, p in self.owned]
         if assignment:
             self.consumer.assign(assignment)
-        if self.wm is not None:
+        if self.et is not None:
             for tp in self.owned:
-                self.wm.add_partition(tp, self.restored_tops.get(tp))
+                self.et.add_partition(tp, self.restored_tops.get(tp))
         if self.discovery:
             self._poller = MetadataPoller(self.consumer, self.discovery,
                                           f"{self.context.vertex_name}#{self.index}")
@@ -355,21 +308,18 @@ class KafkaSourceProcessor(Processor):
             if md is not None:
                 self._discover(md)
         outbox = self.outbox
+        et = self.et
+        if et is not None and not et.flush(outbox):
+            return False
         if not outbox.has_room():
             return False
-        if not self.owned:
-            if self.wm is not None:
-                w = self.wm.poll(time.monotonic())
-                if w is not None:
-                    outbox.offer_control(w)
-            return False
-        msgs = self.consumer.consume(self.batch, 0)
+        msgs = self.consumer.consume(self.batch, 0) if self.owned else None
         if msgs:
             self._emit(msgs)
-        elif self.wm is not None:
-            w = self.wm.poll(time.monotonic())
-            if w is not None:
-                outbox.offer_control(w)
+        elif et is not None:
+            et.poll()
+        if et is not None:
+            et.flush(outbox)
         return False
 
     def _emit(self, msgs: list) -> None:
@@ -388,24 +338,28 @@ class KafkaSourceProcessor(Processor):
                 items = list(zip(deserialize_all(self.kd, list(map(Message.key, msgs))),
                                  deserialize_all(self.vd, list(map(Message.value, msgs)))))
         except Exception:  # noqa: BLE001 - find the bad record(s), then fail or dead-letter
-            items, tss = self._convert_one_by_one(msgs)
+            items, tss, msgs = self._convert_one_by_one(msgs)
         self.context.metrics["records_in"] += len(items)
-        if items:
+        if not items:
+            return
+        et = self.et
+        if et is None:
             self.outbox.offer_chunk(-1, list(zip(tss, items)))
-        if self.wm is not None:
-            now = time.monotonic()
-            wm = self.wm
-            if len(self.topics) == 1:
-                t0 = self.topics[0]
-                for p, run in groupby(zip(map(Message.partition, msgs), tss), itemgetter(0)):
-                    wm.observe((t0, p), max(map(_ts, run)), now)
-            else:
-                keys = zip(map(Message.topic, msgs), map(Message.partition, msgs))
-                for tp, run in groupby(zip(keys, tss), itemgetter(0)):
-                    wm.observe(tp, max(map(_ts, run)), now)
-            w = wm.poll(now)
-            if w is not None:
-                self.outbox.offer_control(w)
+            return
+        # each partition's run of records through its own event time, in offset order
+        native = et.spec.timestamp_fn is None
+        if len(self.topics) == 1:
+            t0 = self.topics[0]
+            keys: Any = [(t0, p) for p in map(Message.partition, msgs)]
+        else:
+            keys = list(zip(map(Message.topic, msgs), map(Message.partition, msgs)))
+        now = time.monotonic()
+        start = 0
+        for tp, run in groupby(keys):
+            end = start + sum(1 for _ in run)
+            et.add_items(tp, list(zip(tss[start:end], items[start:end])) if native
+                         else items[start:end], now)
+            start = end
 
     def _project(self, m: Any) -> Any:
         kd, vd = self.kd, self.vd
@@ -415,9 +369,10 @@ class KafkaSourceProcessor(Processor):
                           m.headers() or [])
         return self.projection(rec)
 
-    def _convert_one_by_one(self, msgs: list) -> tuple[list, list]:
+    def _convert_one_by_one(self, msgs: list) -> tuple[list, list, list]:
+        """The items, timestamps and messages of the records that can be read."""
         kd, vd = self.kd, self.vd
-        items, tss = [], []
+        items, tss, kept = [], [], []
         for m in msgs:
             try:
                 if self.projection is not None:
@@ -430,7 +385,8 @@ class KafkaSourceProcessor(Processor):
                 continue
             items.append(item)
             tss.append(m.timestamp()[1])
-        return items, tss
+            kept.append(m)
+        return items, tss, kept
 
     def _bad_record(self, m: Any, error: BaseException) -> None:
         where = f"topic {m.topic()!r}, partition {m.partition()}, offset {m.offset()}"
@@ -488,8 +444,8 @@ class KafkaSourceProcessor(Processor):
             for tp in added:
                 self.owned.append(tp)
                 self.start_offsets[tp] = OFFSET_BEGINNING
-                if self.wm is not None:
-                    self.wm.add_partition(tp)
+                if self.et is not None:
+                    self.et.add_partition(tp)
             self.consumer.incremental_assign(
                 [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in added])
 
@@ -502,7 +458,7 @@ class KafkaSourceProcessor(Processor):
 
         pos = self.consumer.position([TopicPartition(t, p) for t, p in self.owned])
         out = []
-        tops = self.wm.tops if self.wm is not None else {}
+        tops = self.et.tops() if self.et is not None else {}
         for tpo in pos:
             tp = (tpo.topic, tpo.partition)
             off = tpo.offset if tpo.offset >= 0 else self.start_offsets.get(tp, OFFSET_BEGINNING)

@@ -234,6 +234,7 @@ class Translator:
         self.driver_state: list = []        # (vertex, key, value) known on the driver
         self.offsets: dict[str, dict[int, int]] = {}
         self.cuts: list[int] = []
+        self._kafka_offsets: dict[str, list] = {}  # source name -> its hand-off offsets
         self.window_stages = 0
         self.sink_counts: dict[str, int] = {}
         self._consumers: dict[int, int] = {}
@@ -410,24 +411,26 @@ class Translator:
     def _kafka_source_state(self, t: SourceTransform, spec: dict, ranges: list,
                             rdd: Any) -> None:
         """The Kafka source's snapshot entry (``KafkaSourceProcessor.save_to_snapshot``): the
-        next offset of every partition and, when it tracks event time per partition, the
-        highest record time seen in each."""
-        tops: dict = {}
-        if spec["options"].get("jetwake.watermark.lag.ms", -1) >= 0:
-            def top(i: int, it: Iterator) -> Iterator:
-                best = max((e[0] for chunk in it for e in chunk), default=None)
-                if best is not None:
-                    yield i, best
-            for i, ts in rdd.mapPartitionsWithIndex(top).collect():
-                topic, _, p, _, _ = ranges[i]  # one Spark partition per Kafka partition
-                tops[(topic, p)] = ts
+        next offset of every partition. Each partition's highest event time is filled in by
+        the timestamp stage that runs in the source (:meth:`_source_tops`), if there is one."""
         counts: dict = {}
         for topic, _, p, _, _ in ranges:
             counts[topic] = max(counts.get(topic, 0), p + 1)
-        offsets = [[topic, p, end, tops.get((topic, p))] for topic, _, p, _, end in ranges]
+        offsets = [[topic, p, end, None] for topic, _, p, _, end in ranges]
+        self._kafka_offsets[t.name] = offsets
         self.driver_state.append((t.name, BroadcastKey(("kafka-source", 0)),
                                   {"offsets": offsets,
                                    "counts": [[tp, n] for tp, n in counts.items()]}))
+
+    def _source_tops(self, source: SourceTransform, tops: list) -> None:
+        """Records each Kafka partition's highest event time (``tops``: ``(Spark partition,
+        time)`` pairs, one Spark partition per Kafka partition) in the source's hand-off entry,
+        so the streaming job resumes each partition's watermark where the backfill left it."""
+        offsets = self._kafka_offsets.get(source.name)
+        if offsets is None:
+            return
+        for i, ts in tops:
+            offsets[i][3] = ts
 
     # --- stateless ---------------------------------------------------------------------------
 
@@ -531,19 +534,17 @@ class Translator:
             stamped = StageOut(up.then((stamp_chunk, None)).chunks(counters).persist(),
                                timestamped=True, kafka=True)
 
-            def top(it: Iterator) -> Iterator:
+            def top(i: int, it: Iterator) -> Iterator:
                 best = max((e[0] for chunk in it for e in chunk), default=None)
                 if best is not None:
-                    yield best
-            tops = stamped.base.mapPartitions(top).collect()
+                    yield i, best
+            tops = stamped.base.mapPartitionsWithIndex(top).collect()
+            if t.runs_in_source(self.pipeline.transforms):
+                self._source_tops(t.upstream[0], tops)  # type: ignore[arg-type]
             cut = None
             if tops:
                 lag = policy_factory().lag
-                if t.upstream_watermarks:
-                    src = next(s for s in self.pipeline.transforms
-                               if isinstance(s, SourceTransform) and s is t.upstream[0])
-                    lag += max(0, src.source.spec["options"].get("jetwake.watermark.lag.ms", 0))
-                cut = throttle(min(tops) - lag, step or 1)
+                cut = throttle(min(ts for _, ts in tops) - lag, step or 1)
                 self.cuts.append(cut)
                 stamped.partition_lag = (lag, step)
             stamped.cut = cut

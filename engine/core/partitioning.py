@@ -16,7 +16,7 @@ from jetwake.engine.core.serialization import dumps
 
 __all__ = [
     "PARTITION_COUNT", "partition_of", "member_partitions", "processor_partition_table",
-    "partitions_of_processor",
+    "partitions_of_processor", "owner_of_partition",
 ]
 
 PARTITION_COUNT = 271
@@ -75,3 +75,13 @@ def processor_partition_table(member_count: int, local_parallelism: int) -> Sequ
             for p in partitions_of_processor(m, member_count, i, local_parallelism):
                 table[p] = m * local_parallelism + i
     return tuple(table)
+
+
+def owner_of_partition(topic_index: int, partition: int, topic_count: int,
+                       total_parallelism: int) -> int:
+    """The global processor index that reads ``partition`` of the ``topic_index``-th input of a
+    partitioned source (a Kafka topic, a test source's partitions): Jet's ``StreamKafkaP``
+    formula, where the inputs start at spread-out processors. Every member computes the same
+    owner without talking to the others."""
+    start = topic_index * max(1, total_parallelism // topic_count)
+    return (start + partition) % total_parallelism

@@ -32,6 +32,10 @@ class Source:
     example the minimum over the partitions it reads, and the idle marker when all are quiet);
     ``with_native_timestamps(lag)`` then follows them, shifted by the lag, instead of deriving
     one watermark from the highest timestamp seen.
+    ``partitioned``: the source reads partitions, each in order, and its processors implement
+    ``PartitionedSource`` (engine/processors/source_event_time.py): a ``with_timestamps`` or
+    ``with_native_timestamps`` stage right after it then runs inside it, with a watermark per
+    partition.
     """
 
     #: what the source reads, as plain data (``{"kind": "items", ...}``), for runners other
@@ -40,7 +44,7 @@ class Source:
 
     def __init__(self, name: str, processor: Any, *, is_stream: bool = False,
                  timestamp_fn: Callable[[Any], int] | None = None,
-                 emits_watermarks: bool = False) -> None:
+                 emits_watermarks: bool = False, partitioned: bool = False) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a source needs a non-empty name, got {name!r}")
         self.name = name
@@ -48,6 +52,7 @@ class Source:
         self.is_stream = is_stream
         self.timestamp_fn = timestamp_fn
         self.emits_watermarks = emits_watermarks
+        self.partitioned = partitioned
 
     @property
     def emits_pairs(self) -> bool:

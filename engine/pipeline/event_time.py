@@ -20,13 +20,18 @@ A source whose ``Source.timestamp_fn`` is :func:`native_pair_timestamp` emits pl
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from jetwake.engine.core.meta_supplier import (
+    MetaSupplierContext, ProcessorMetaSupplier, ProcessorSupplier, SupplierContext,
+)
+from jetwake.engine.core.processor import Processor
 from jetwake.engine.operations.window_result import KeyedWindowResult
 from jetwake.engine.pipeline.connector import native_pair_timestamp
+from jetwake.engine.processors.source_event_time import PartitionedSource
 
 __all__ = ["native_pair_timestamp", "unwrap", "key_on_item", "adapt_to_timestamped",
-           "window_join_flattener"]
+           "window_join_flattener", "with_event_time_in_source"]
 
 _second = itemgetter(1)
 
@@ -90,3 +95,51 @@ def window_join_flattener(join_fn: Callable[[Any, Any], Any]) -> Callable[[Any],
                     out.append(KeyedWindowResult(r.start, r.end, r.key, v))
         return out
     return flatten
+
+
+def with_event_time_in_source(meta_supplier: Any, spec: Any, source_name: str) -> Any:
+    """``meta_supplier`` of a partitioned source whose processors are given ``spec`` (an
+    ``EventTimeSpec``) before they start: the timestamp stage after the source runs inside
+    it, per partition (engine/processors/source_event_time.py)."""
+    return _EventTimeMetaSupplier(meta_supplier, spec, source_name)
+
+
+class _EventTimeMetaSupplier(ProcessorMetaSupplier):
+    def __init__(self, inner: ProcessorMetaSupplier, spec: Any, source_name: str) -> None:
+        self.inner = inner
+        self.spec = spec
+        self.source_name = source_name
+
+    def preferred_local_parallelism(self) -> int:
+        return self.inner.preferred_local_parallelism()
+
+    def init(self, context: MetaSupplierContext) -> None:
+        self.inner.init(context)
+
+    def get(self, member_indices: Sequence[int]) -> Callable[[int], ProcessorSupplier]:
+        of_member = self.inner.get(member_indices)
+        spec, name = self.spec, self.source_name
+        return lambda member_index: _EventTimeSupplier(of_member(member_index), spec, name)
+
+
+class _EventTimeSupplier(ProcessorSupplier):
+    def __init__(self, inner: ProcessorSupplier, spec: Any, source_name: str) -> None:
+        self.inner = inner
+        self.spec = spec
+        self.source_name = source_name
+
+    def init(self, context: SupplierContext) -> None:
+        self.inner.init(context)
+
+    def get(self, count: int) -> Sequence[Processor]:
+        procs = self.inner.get(count)
+        for p in procs:
+            if not isinstance(p, PartitionedSource):
+                raise TypeError(f"source {self.source_name!r} declares partitions, but its "
+                                f"processor {type(p).__qualname__} does not implement "
+                                "PartitionedSource (engine/processors/source_event_time.py)")
+            p.event_time_spec = self.spec
+        return procs
+
+    def close(self, error: BaseException | None) -> None:
+        self.inner.close(error)

@@ -18,7 +18,7 @@ from jetwake.engine.core.errors import PipelineError
 from jetwake.engine.core.dag import Vertex
 from jetwake.engine.operations.aggregate import AggregateOperation
 from jetwake.engine.pipeline.connector import Sink, Source
-from jetwake.engine.pipeline.event_time import key_on_item
+from jetwake.engine.pipeline.event_time import key_on_item, with_event_time_in_source
 from jetwake.engine.pipeline.fusion import (
     internal_step, stateless_function, stateless_step, unwrap_step,
 )
@@ -36,6 +36,7 @@ from jetwake.engine.processors.session_window import SessionWindowProcessor
 from jetwake.engine.processors.sliding_window import (
     FrameAccumulateProcessor, SlidingWindowProcessor, WindowCombineProcessor, composite_operation,
 )
+from jetwake.engine.processors.source_event_time import EventTimeSpec
 from jetwake.engine.processors.sort import MergeSortedProcessor, SortProcessor
 from jetwake.engine.processors.stateless_stage import StatelessStageProcessor
 
@@ -334,16 +335,33 @@ class TimestampTransform(Transform):
                 step = gcd(step, w.gap if w.is_session else w.slide)
         return step
 
+    def runs_in_source(self, transforms: Sequence[Transform]) -> bool:
+        """Whether this stage runs inside its source, per partition: it directly follows a
+        partitioned source that feeds nothing else, with a policy on event time (a wall-clock
+        policy has nothing to track per partition)."""
+        up = self.upstream[0]
+        return (isinstance(up, SourceTransform) and up.source.partitioned
+                and not self.policy_factory().is_real_time
+                and sum(any(u is up for u in t.upstream) for t in transforms) == 1)
+
     def add_to_dag(self, planner: Planner) -> None:
         up = self.upstream[0]
-        up_vertex = planner.output(up).vertex
-        n = planner.resolved_parallelism(up_vertex)
-        if up_vertex.local_parallelism < 1:
-            up_vertex.set_local_parallelism(n)  # the value it resolves to anyway
         ts_fn, factory, idle = self.timestamp_fn, self.policy_factory, self.idle_timeout
         step = self.watermark_step(planner.transforms)
         side = self.side_sink is not None
         name = self.name
+        if self.runs_in_source(planner.transforms):
+            v = planner.output(up).vertex
+            spec = EventTimeSpec(name, ts_fn, factory, step, idle, side)
+            v.meta_supplier = with_event_time_in_source(v.meta_supplier, spec, up.name)
+            if side:
+                _plan_side_sink(planner, self, v)
+            planner.set_output(self, Output(v, form=_TIMESTAMPED))
+            return
+        up_vertex = planner.output(up).vertex
+        n = planner.resolved_parallelism(up_vertex)
+        if up_vertex.local_parallelism < 1:
+            up_vertex.set_local_parallelism(n)  # the value it resolves to anyway
         follow = self.upstream_watermarks
         v = planner.dag.new_vertex(name, lambda: InsertWatermarksProcessor(
             name, ts_fn, factory, step, idle, side, follow), n)

@@ -21,13 +21,43 @@ from jetwake.engine.core.stream_items import NO_WATERMARK
 from jetwake.engine.core.stream_items import IDLE_TIMESTAMP, Watermark
 from jetwake.engine.core.processor import Processor, ProcessorContext
 
-__all__ = ["EventTimeProcessor", "first", "second", "short_repr", "MISSING"]
+__all__ = ["EventTimeProcessor", "first", "second", "short_repr", "MISSING", "flush_pending",
+           "DATA", "CONTROL", "SIDE"]
 
 first = itemgetter(0)
 second = itemgetter(1)
 MISSING = object()
 
-_DATA, _CONTROL, _SIDE = 0, 1, 2
+#: the kinds of pending output entries
+DATA, CONTROL, SIDE = 0, 1, 2
+
+
+def flush_pending(pending: deque, outbox: Any, side_output: bool) -> bool:
+    """Moves ``pending`` entries (data chunks, control items and side-output chunks, in order)
+    into ``outbox`` while it has room; True when all moved. With a side output, data goes to
+    ordinals 1..n-1 and side chunks to ordinal 0."""
+    if not pending:
+        return True
+    n = outbox.ordinal_count
+    while pending:
+        kind, entry = pending[0]
+        if kind == DATA:
+            if not side_output:
+                if not outbox.offer_chunk(-1, entry):
+                    return False
+            elif n > 1:  # with the side output alone, data has nowhere to go
+                for o in range(1, n):
+                    if not outbox.has_room(o):
+                        return False
+                for o in range(1, n):
+                    outbox.offer_chunk(o, entry if o == 1 else list(entry))
+        elif kind == SIDE:
+            if not outbox.offer_chunk(0, entry):
+                return False
+        else:
+            outbox.offer_control(entry)
+        pending.popleft()
+    return True
 
 
 def short_repr(obj: Any, limit: int = 200) -> str:
@@ -57,45 +87,18 @@ class EventTimeProcessor(Processor):
 
     def _emit(self, chunk: list) -> None:
         if chunk:
-            self._pending.append((_DATA, chunk))
+            self._pending.append((DATA, chunk))
 
     def _emit_control(self, item: Any) -> None:
-        self._pending.append((_CONTROL, item))
+        self._pending.append((CONTROL, item))
 
     def _emit_side(self, chunk: list) -> None:
         if chunk:
-            self._pending.append((_SIDE, chunk))
+            self._pending.append((SIDE, chunk))
 
     def _flush(self) -> bool:
         """Moves pending output into the outbox while it has room; True when all moved."""
-        pending = self._pending
-        if not pending:
-            return True
-        outbox = self.outbox
-        side = self.side_output
-        n = outbox.ordinal_count
-        while pending:
-            kind, entry = pending[0]
-            if kind == _DATA:
-                if not side:
-                    if not outbox.offer_chunk(-1, entry):
-                        return False
-                else:
-                    if n <= 1:
-                        pass  # the only output is the side output: data has nowhere to go
-                    else:
-                        for o in range(1, n):
-                            if not outbox.has_room(o):
-                                return False
-                        for o in range(1, n):
-                            outbox.offer_chunk(o, entry if o == 1 else list(entry))
-            elif kind == _SIDE:
-                if not outbox.offer_chunk(0, entry):
-                    return False
-            else:
-                outbox.offer_control(entry)
-            pending.popleft()
-        return True
+        return flush_pending(self._pending, self.outbox, self.side_output)
 
     def try_process_watermark(self, watermark: Watermark) -> bool:
         # output produced before the watermark must leave before it

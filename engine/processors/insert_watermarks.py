@@ -18,24 +18,18 @@ watermark, and the source's idle marker is forwarded; items only become timestam
 
 from __future__ import annotations
 
-import numbers
 import time
-from bisect import bisect_left
-from itertools import accumulate
 from typing import Any, Callable
 
-from jetwake.engine.core.errors import JetwakeError
-from jetwake.engine.core.stream_items import IDLE_MESSAGE, Timestamped, Watermark, timestamped
+from jetwake.engine.core.stream_items import IDLE_MESSAGE, Watermark
 from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
 from jetwake.engine.operations.watermark_policy import NO_WATERMARK, WatermarkPolicy, throttle
-from jetwake.engine.processors.event_time_base import EventTimeProcessor, first, short_repr
+from jetwake.engine.processors.event_time_base import EventTimeProcessor
+from jetwake.engine.processors.timestamps import (
+    TimestampError, TimestampReader, place_watermarks,
+)
 
 __all__ = ["InsertWatermarksProcessor", "TimestampError"]
-
-
-class TimestampError(JetwakeError, TypeError, ValueError):
-    """An item's timestamp cannot be read, or is not an integer; the message names the stage
-    and shows the item."""
 
 
 class InsertWatermarksProcessor(EventTimeProcessor):
@@ -62,6 +56,7 @@ class InsertWatermarksProcessor(EventTimeProcessor):
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
         self.policy = self.policy_factory()
+        self.reader = TimestampReader(self.stage_name, self.timestamp_fn, self.side_output)
         self.real_time = self.policy.is_real_time
         self.lag = self.policy.lag
         self._last_activity = time.monotonic()
@@ -73,15 +68,10 @@ class InsertWatermarksProcessor(EventTimeProcessor):
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if not self._flush():
             return
-        items = inbox.drain()
-        if self.timestamp_fn is not None:
-            stamped, tss = self._read_timestamps(items)
-        else:
-            # the source's (timestamp, item) pairs already are timestamped values
-            stamped = items
-            tss = list(map(first, items))
-            if not _all_ints(tss):
-                stamped, tss = self._check_pairs(items)
+        stamped, tss, bad = self.reader.read(inbox.drain())
+        if bad:
+            self.context.metrics["bad_timestamps"] += len(bad)
+            self._emit_side(bad)
         self._last_activity = time.monotonic()
         if not stamped:
             return
@@ -105,43 +95,12 @@ class InsertWatermarksProcessor(EventTimeProcessor):
         self._flush()
 
     def _insert(self, stamped: list, tss: list) -> None:
-        lag, step = self.lag, self.step
-        hi = max(tss)
-        top = self.top
-        last = self.last_wm
-        if self.per_chunk and hi > top:
-            self._emit(stamped)
-            self.top = hi
-            if hi - lag > last:
-                self.last_wm = hi - lag
-                self._emit_control(Watermark(hi - lag))
+        if self.per_chunk and max(tss) <= self.top:
+            self._emit(stamped)  # a chunk that does not move the top changes nothing
             return
-        if hi <= top or throttle(hi - lag, step) <= last:
-            self._emit(stamped)
-            if hi > top:
-                self.top = hi
-            return
-        # the running maximum is monotonic: bisect for each item that moves the watermark
-        running = list(accumulate(tss, max, initial=top))
-        del running[0]
-        n = len(stamped)
-        pos = 0
-        while pos < n:
-            threshold = NO_WATERMARK if last == NO_WATERMARK else \
-                throttle(last, step) + step + lag
-            i = bisect_left(running, threshold, pos)
-            if i >= n:
-                break
-            wm = throttle(running[i] - lag, step)
-            self._emit(stamped[pos:i + 1])
-            if wm > last:
-                self._emit_control(Watermark(wm))
-                last = wm
-            pos = i + 1
-        if pos < n:
-            self._emit(stamped[pos:])
-        self.last_wm = last
-        self.top = running[-1]
+        self.top, self.last_wm = place_watermarks(
+            self._pending, stamped, tss, self.top, self.last_wm, self.lag,
+            0 if self.per_chunk else self.step)
 
     def _advance_real_time(self) -> bool:
         wm = throttle(self.policy.current(), self.step)
@@ -150,68 +109,6 @@ class InsertWatermarksProcessor(EventTimeProcessor):
             self._emit_control(Watermark(wm))
             return True
         return False
-
-    # --- reading timestamps ------------------------------------------------------------------
-
-    def _read_timestamps(self, items: list) -> tuple[list, list]:
-        fn = self.timestamp_fn
-        try:
-            tss = list(map(fn, items))  # type: ignore[arg-type]
-        except Exception:  # noqa: BLE001 - find the item, then report or route it
-            return self._check_items(items)
-        if not _all_ints(tss):
-            return self._check_items(items)
-        stamped: list[Timestamped] = list(zip(tss, items))
-        return stamped, tss
-
-    def _check_items(self, items: list) -> tuple[list, list]:
-        stamped, tss, bad = [], [], []
-        fn = self.timestamp_fn
-        for x in items:
-            try:
-                t = fn(x)  # type: ignore[misc]
-            except Exception as e:  # noqa: BLE001
-                if not self.side_output:
-                    raise TimestampError(
-                        f"stage {self.stage_name!r}: cannot read the timestamp of item "
-                        f"{short_repr(x)}: {type(e).__name__}: {e}") from e
-                bad.append(x)
-                continue
-            t = self._as_int(t, x, bad)
-            if t is not None:
-                stamped.append(timestamped(t, x))
-                tss.append(t)
-        self._route_bad(bad)
-        return stamped, tss
-
-    def _check_pairs(self, pairs: list) -> tuple[list, list]:
-        good, tss, bad = [], [], []
-        for t, x in pairs:
-            t = self._as_int(t, x, bad)
-            if t is not None:
-                good.append(timestamped(t, x))
-                tss.append(t)
-        self._route_bad(bad)
-        return good, tss
-
-    def _as_int(self, t: Any, item: Any, bad: list) -> int | None:
-        if type(t) is int:
-            return t
-        if isinstance(t, numbers.Integral) and not isinstance(t, bool):
-            return int(t)
-        if not self.side_output:
-            raise TimestampError(
-                f"stage {self.stage_name!r}: the timestamp function returned "
-                f"{type(t).__qualname__} {short_repr(t, 60)} for item {short_repr(item)}; "
-                "timestamps must be integers (milliseconds by convention), for example "
-                "int(dt.timestamp() * 1000)")
-        bad.append(item)
-        return None
-
-    def _route_bad(self, bad: list) -> None:
-        if bad:
-            self.context.metrics["bad_timestamps"] += len(bad)
-            self._emit_side(bad)
 
     # --- time-driven work --------------------------------------------------------------------
 
@@ -269,7 +166,3 @@ class InsertWatermarksProcessor(EventTimeProcessor):
 
     _restored_any = False
 
-
-def _all_ints(values: list) -> bool:
-    types = set(map(type, values))
-    return len(types) == 1 and int in types
