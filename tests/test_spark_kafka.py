@@ -328,3 +328,73 @@ def test_a_ttl_over_kafka_evicts_as_the_partition_s_time_passes_not_only_at_the_
         state = dict(m.snapshot_store.read(m.snapshot_store.get_export("with-ttl"))
                      ["map-stateful"])
         assert state["a"][0] == {"n": 3_000}
+
+
+# ---- event time per partition ---------------------------------------------------------------
+
+def _event_windows(bootstrap: str, topic: str) -> Pipeline:
+    from jetwake import AggregateOperations, WindowDefinition
+    p = Pipeline()
+    (p.read_from(Sources.kafka(topic, {"bootstrap.servers": bootstrap},
+                               value_deserializer="json"))
+      .with_timestamps(lambda kv: kv[1]["ts"], allowed_lag=100)
+      .window(WindowDefinition.tumbling(1_000))
+      .aggregate(AggregateOperations.counting())
+      .write_to(Sinks.list("windows")))
+    return p
+
+
+def _produce_json(bootstrap: str, topic: str, partition: int, times: list[int]) -> None:
+    produce_values(bootstrap, topic, [json.dumps({"ts": t}).encode() for t in times],
+                   partition=partition)
+
+
+def test_a_backfill_judges_a_record_late_by_its_own_partition_as_a_member_does(
+        spark_runner, kafka_bootstrap, kafka_topic):
+    """One partition: the record 1.6 s behind the newest (lag 100, so its window [1 s, 2 s)
+    has closed) is late on Spark exactly as on a member, and missing from its window."""
+    topic = kafka_topic(partitions=1)
+    times = [BASE + 10 * i for i in range(300)] + [BASE + 1_390] + \
+        [BASE + 3_000 + 10 * i for i in range(300)]
+    _produce_json(kafka_bootstrap, topic, 0, times)
+    with Member() as m:
+        result = spark_runner.run(_event_windows(kafka_bootstrap, topic), until="latest",
+                                  member=m)
+        spark = sorted((r.start, r.result) for r in m.get_list("windows"))
+    with Member(local_parallelism=1) as m:
+        job = m.new_job(_event_windows(kafka_bootstrap, topic))
+        windows = m.get_list("windows")
+        wait_for = [(s, n) for s, n in spark if s + 1_000 <= BASE + 5_990 - 100]
+        deadline = time.monotonic() + 60
+        while sorted((r.start, r.result) for r in windows) != wait_for:
+            assert time.monotonic() < deadline, sorted((r.start, r.result) for r in windows)
+            time.sleep(0.05)
+        member_late = sum(v.get("late_events", 0) for v in job.metrics().values())
+        job.cancel()
+    assert (result.counters.get("late_events", 0), member_late) == (1, 1)
+    assert (BASE + 1_000, 100) in spark  # the late record at 1390 is not in [1000, 2000)
+
+
+def test_a_backfill_of_partitions_apart_in_event_time_has_no_late_record(
+        spark_runner, kafka_bootstrap, kafka_topic):
+    """Three partitions 4 s apart, each in order within 40 ms (lag 100): none of their
+    records is late, and the windows the backfill closes (those a streaming job would have
+    closed by the end: up to the slowest partition's watermark) are whole."""
+    topic = kafka_topic(partitions=3)
+    counts: dict[int, int] = {}
+    tops = []
+    for part in range(3):
+        times = [BASE + part * 4_000 + 10 * i - (i * 7) % 40 for i in range(500)]
+        _produce_json(kafka_bootstrap, topic, part, times)
+        tops.append(max(times))
+        for t in times:
+            counts[t - t % 1_000] = counts.get(t - t % 1_000, 0) + 1
+    cut = min(tops) - 100
+    expected = {s: n for s, n in counts.items() if s + 1_000 <= cut - cut % 1_000}
+    with Member() as m:
+        result = spark_runner.run(_event_windows(kafka_bootstrap, topic), until="latest",
+                                  member=m)
+        got = {r.start: r.result for r in m.get_list("windows")}
+    assert result.counters.get("late_events", 0) == 0
+    assert result.watermark == cut - cut % 1_000
+    assert got == expected and len(expected) == 4

@@ -751,11 +751,16 @@ class Translator:
 
     def _own_partition_watermarks(self, up: StageOut) -> StageOut:
         """Kafka records with the watermark of their own partition (its highest time so far,
-        less the lag, per chunk or step as the member's stage emits it), capped at the
-        hand-off watermark: a ttl evicts as the partition's time moves on, not only at the
-        end. The member's watermark is the lowest of the partitions', so this is its value
-        when the partitions keep an even pace; it only moves evictions, no record is judged
-        late by it (as for Kafka elsewhere)."""
+        less the lag, per chunk or step as the member's source emits it), capped at the
+        hand-off watermark.
+
+        This is the highest watermark a member could have had when the record arrived: the
+        member's is the lowest over the partitions, never above the record's own partition's
+        nor above another partition's last (the lowest of which is the hand-off watermark).
+        So a record within the lag of its own partition is never late by it; on a topic of one
+        partition it is exactly the member's watermark; and where the member's verdict depends
+        on how far the other partitions were read, it is the verdict of the read order that is
+        furthest ahead. A ttl evicts as the partition's time moves on, not only at the end."""
         (lag, step), cut = up.partition_lag, up.cut
 
         def own(it: Iterator) -> Iterator:
@@ -779,9 +784,13 @@ class Translator:
                                     "timestamps; call with_timestamps() before windowing")
         self.window_stages += 1
         # several inputs: the member's watermark is the lowest of theirs, and what it was when
-        # an event arrived depends on how they interleaved, which a backfill cannot know; as
-        # for Kafka partitions, no event is judged late (merge() drops the watermarks instead)
+        # an event arrived depends on how they interleaved, which a backfill cannot know: no
+        # event is judged late (merge() drops the watermarks instead)
         judge_late = len(ups) == 1
+        if judge_late and ups[0].kafka and ups[0].partition_lag is not None \
+                and ups[0].cut is not None:
+            # Kafka records meet the watermark of their own partition, capped at the hand-off's
+            ups[0] = self._own_partition_watermarks(ups[0])
         wdef, ops, key_fns, name = t.wdef, t.ops, t.key_fns, t.name
         session = wdef.is_session
         slide, size, gap = wdef.slide, wdef.size, wdef.gap
