@@ -5,8 +5,8 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo demo-backfill test test-unit test-integration bench kafka-up kafka-down venv clean \
-	browser
+.PHONY: demo demo-backfill test test-unit test-integration conformance bench kafka-up kafka-down \
+	venv clean browser
 
 # ---- Set-up -------------------------------------------------------------------------------
 # One stamp per set of extras: `make demo` installs the package alone, `make test` adds the
@@ -80,6 +80,13 @@ test-unit: $(TEST_STAMP)
 
 test-integration: $(TEST_STAMP) browser
 	$(PY) -m pytest tests -m integration
+
+# The conformance suite (tests/test_conformance.py) with a large hypothesis budget: every runtime
+# against the reference model of tests/reference/ on 300 drawn pipelines and inputs per test.
+CONFORMANCE_EXAMPLES ?= 300
+conformance: $(TEST_STAMP)
+	JETWAKE_CONFORMANCE_EXAMPLES=$(CONFORMANCE_EXAMPLES) $(PY) -m pytest tests/test_conformance.py \
+		tests/reference
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench

@@ -83,7 +83,6 @@ class MapJournalSourceProcessor(Processor, PartitionedSource):
         self._map: Any = None
         self._reader = False
         self._idle_sent = False
-        self._top: int | None = None  # restored highest timestamp of the journal
         self.et: SourceEventTime | None = None
 
     def init(self, context: ProcessorContext) -> None:
@@ -91,8 +90,7 @@ class MapJournalSourceProcessor(Processor, PartitionedSource):
         self._reader = context.global_processor_index == 0
         self._map = context.member.get_map(self.name)
         context.metrics.setdefault("journal_lost", 0)
-        self.et = self.make_event_time(context.metrics,
-                                       [(0, self._top)] if self._reader else [])
+        self.et = self.make_event_time(context.metrics, [(0, None)] if self._reader else [])
         if self._reader and self.start == "current":
             # "current" is the journal's end when the job starts, not when the source first
             # runs; a restore replaces it with the saved position
@@ -153,7 +151,9 @@ class MapJournalSourceProcessor(Processor, PartitionedSource):
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         for _, saved in inbox.drain():
             # [sequence, top]; a snapshot of an older version holds the sequence alone
-            self.seq, self._top = (saved, None) if isinstance(saved, int) else saved
+            self.seq, top = (saved, None) if isinstance(saved, int) else saved
+            if self.et is not None and self._reader and top is not None:
+                self.et.add_partition(0, top)
 
 
 class MapSinkProcessor(Processor):

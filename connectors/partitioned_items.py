@@ -6,7 +6,9 @@ Partition ``p`` belongs to the processor Kafka's source would give it
 them as ``order`` says: ``"round_robin"`` (up to ``batch`` items of each in turn),
 ``"sequential"`` (one partition to its end, then the next: the worst backlog, where one
 partition is read far ahead of the others) or ``"random"`` (a seeded random partition and a
-random run length each time). Each partition's position and highest timestamp are saved in
+random run length each time). A partition read to its end stops holding the watermark back,
+as a processor that has finished stops counting downstream. Each partition's position and
+highest timestamp are saved in
 snapshots under a broadcast key, so a restored job resumes every partition where it was, on
 whichever processor owns it now.
 """
@@ -36,7 +38,6 @@ class PartitionedItemsSourceProcessor(Processor, PartitionedSource):
         self.order = order
         self.seed = seed
         self.pos: dict[int, int] = {}
-        self.restored_tops: dict[int, int] = {}
         self.et: SourceEventTime | None = None
         self._turn = 0
 
@@ -45,9 +46,10 @@ class PartitionedItemsSourceProcessor(Processor, PartitionedSource):
         index, total = context.global_processor_index, context.total_parallelism
         mine = [p for p in range(len(self.partitions))
                 if owner_of_partition(0, p, 1, total) == index]
-        self.pos = {p: self.pos.get(p, 0) for p in mine}
+        self.pos = {p: 0 for p in mine}
+        # an empty partition is finished from the start: it holds nothing back
         self.et = self.make_event_time(context.metrics,
-                                       [(p, self.restored_tops.get(p)) for p in mine])
+                                       [(p, None) for p in mine if self.partitions[p]])
         self._random = random.Random(self.seed * 7919 + index)
         context.metrics.setdefault("records_in", 0)
 
@@ -70,6 +72,8 @@ class PartitionedItemsSourceProcessor(Processor, PartitionedSource):
         while outbox.has_room():
             run = self._next_run()
             if run is None:
+                if et is not None and not et.partitions:
+                    et.poll()  # nothing (left) to read: hold nothing back
                 return et is None or et.flush(outbox)
             p, n = run
             start = self.pos[p]
@@ -78,10 +82,15 @@ class PartitionedItemsSourceProcessor(Processor, PartitionedSource):
             self.context.metrics["records_in"] += len(items)
             if et is None:
                 outbox.offer_chunk(-1, items)
-            else:
-                et.add_items(p, items)
-                if not et.flush(outbox):
-                    return False
+                continue
+            et.add_items(p, items)
+            if self.pos[p] >= len(self.partitions[p]):
+                # a finished partition holds nothing back, as a finished processor's input
+                # no longer counts downstream: where it was read does not matter
+                et.remove_partition(p)
+                et.poll()
+            if not et.flush(outbox):
+                return False
         return False
 
     def save_to_snapshot(self) -> bool:
@@ -90,9 +99,15 @@ class PartitionedItemsSourceProcessor(Processor, PartitionedSource):
             [(BroadcastKey((_KEY, p)), [i, tops.get(p)]) for p, i in self.pos.items()])
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
+        # every processor sees every partition's entry: each keeps those it owns now
         for key, (i, top) in inbox.drain():
-            if type(key) is BroadcastKey and type(key.key) is tuple and key.key[0] == _KEY:
+            if type(key) is BroadcastKey and type(key.key) is tuple and key.key[0] == _KEY \
+                    and key.key[1] in self.pos:
                 p = key.key[1]
                 self.pos[p] = i
-                if top is not None:
-                    self.restored_tops[p] = top
+                if self.et is None:
+                    continue
+                if i >= len(self.partitions[p]):
+                    self.et.remove_partition(p)
+                elif top is not None:
+                    self.et.add_partition(p, top)

@@ -284,9 +284,9 @@ def test_each_partition_keeps_its_watermark_across_a_restore_with_another_parall
     for index in range(3):
         proc = PartitionedItemsSourceProcessor(parts, 64, "sequential", 0)
         proc.event_time_spec = spec
-        proc.restore_from_snapshot(Inbox(list(saved)))
         proc.outbox = Outbox(1, 1_000_000)
         proc.init(ProcessorContext("j", "j", "src", index, index, 3, 3, 0, 1))
+        proc.restore_from_snapshot(Inbox(list(saved)))  # as the engine does: after init
         owned += list(proc.pos)
         assert proc.et.tops() == {p: max(e["ts"] for e in parts[p][:1_000]) for p in proc.pos}
         while not proc.complete():

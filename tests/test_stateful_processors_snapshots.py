@@ -613,7 +613,7 @@ def map_stateful_ttl_reference(stream: list, ttl: int) -> list:
     out: list = []
 
     def evict(limit):
-        for k in sorted((k for k in states if last[k] + ttl <= limit), key=repr):
+        for k in sorted((k for k in states if last[k] + ttl < limit), key=repr):
             out.append((limit, ("evicted", k, tuple(states.pop(k)))))
             del last[k]
 

@@ -26,7 +26,7 @@ from jetwake.engine.operations.aggregate import AggregateOperation
 from jetwake.engine.operations.window_definition import items_by_frame
 from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
 from jetwake.engine.processors.event_time_base import call_with_arity
-from jetwake.engine.processors.map_stateful import END_OF_TIME
+from jetwake.engine.processors.map_stateful import END_OF_TIME, expired_keys
 from jetwake.engine.processors.session_window import add_to_sessions
 
 __all__ = ["rolling", "map_stateful", "frame_windows", "sessions", "sliding_no_combine",
@@ -80,18 +80,8 @@ def map_stateful(rows: Iterable[Row], create_fn: Callable, map_fn: Callable,
     n_late = 0
 
     def evict(wm: int) -> Iterator[tuple]:
-        nonlocal seq
-        while heap and heap[0][0] <= wm:
-            _, _, k = heapq.heappop(heap)
-            last = last_ts.get(k)
-            if last is None:
-                continue
-            if last + ttl > wm:  # type: ignore[operator]
-                seq += 1
-                heapq.heappush(heap, (last + ttl, seq, k))  # type: ignore[operator]
-                continue
+        for k in expired_keys(heap, last_ts, ttl, wm):  # type: ignore[arg-type]
             state = states.pop(k)
-            del last_ts[k]
             if evict_fn is not None:
                 r = evict_fn(state, k, wm)
                 if r is not None:
@@ -236,7 +226,7 @@ def sessions(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | Non
             WindowResult(s[0], s[1], r)
 
     for _, (t, w, x) in rows:
-        k = key_fn(x) if keyed else None
+        k = key_fn(x) if key_fn is not None else None
         ss = by_key.get(k)
         if ss is None:
             by_key[k] = [[t, t + gap, accumulate(create(), x)]]
@@ -266,7 +256,7 @@ def sliding_no_combine(rows: Iterable[Row], op: AggregateOperation, key_fn: Call
     keyed = key_fn is not None
     windows: dict = {}  # key -> {window end: acc}
     for _, (t, _, x) in rows:
-        k = key_fn(x) if keyed else None
+        k = key_fn(x) if key_fn is not None else None
         table = windows.get(k)
         if table is None:
             table = windows[k] = {}

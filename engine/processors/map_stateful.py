@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from jetwake.snapshot.state.state_snapshots import (
     restore_keyed_state, saved_state_files, state_snapshot_entries,
@@ -25,7 +25,7 @@ from jetwake.engine.core.stream_items import timestamped
 from jetwake.engine.operations.watermark_policy import NO_WATERMARK
 from jetwake.engine.processors.event_time_base import EventTimeProcessor, call_with_arity
 
-__all__ = ["MapStatefulProcessor", "END_OF_TIME"]
+__all__ = ["MapStatefulProcessor", "END_OF_TIME", "expired_keys"]
 
 END_OF_TIME = sys.maxsize - 1
 """The watermark ``on_evict`` receives for the states still alive when a finite stream ends."""
@@ -64,7 +64,7 @@ class MapStatefulProcessor(EventTimeProcessor):
         states = self.states
         get = states.get
         create_fn, map_fn, key_fn = self.create_fn, self.map_fn, self.key_fn
-        out = []
+        out: list[Any] = []
         append = out.append
         if not self.timestamped:
             if key_fn is None:
@@ -123,23 +123,12 @@ class MapStatefulProcessor(EventTimeProcessor):
                 self._evict(ts)
 
     def _evict(self, wm: int) -> None:
-        heap = self._expiry
-        ttl = self.ttl
-        states, last_ts = self.states, self.last_ts
+        states = self.states
         on_evict = self.on_evict
         out = []
         evicted = 0
-        while heap and heap[0][0] <= wm:
-            _, _, k = heapq.heappop(heap)
-            last = last_ts.get(k)
-            if last is None:
-                continue
-            if last + ttl > wm:  # type: ignore[operator]
-                self._seq += 1
-                heapq.heappush(heap, (last + ttl, self._seq, k))  # type: ignore[operator]
-                continue
+        for k in expired_keys(self._expiry, self.last_ts, self.ttl, wm):  # type: ignore[arg-type]
             state = states.pop(k)
-            del last_ts[k]
             evicted += 1
             if on_evict is not None:
                 r = on_evict(state, k, wm)
@@ -208,3 +197,22 @@ class MapStatefulProcessor(EventTimeProcessor):
             restore_keyed_state(self.states, self._restored_files, self.context.owned_partitions)
         self._restored_files = None
         return True
+
+
+def expired_keys(heap: list, last_ts: dict, ttl: int, wm: int) -> Iterator[Any]:
+    """The keys whose state expires at watermark ``wm``, each taken out of ``last_ts``: those
+    whose last event time plus ``ttl`` is below ``wm``. Strictly below: an event exactly
+    ``ttl`` behind the watermark is on time (late is ``t < wm - ttl``), so the state it meets
+    must still be there. ``heap`` holds ``(expiry, sequence, key)`` entries; a key touched since
+    its entry was pushed goes back at its new expiry. The member's processor and the Spark
+    backfill both evict with this."""
+    while heap and heap[0][0] < wm:
+        _, seq, k = heapq.heappop(heap)
+        last = last_ts.get(k)
+        if last is None:
+            continue
+        if last + ttl >= wm:
+            heapq.heappush(heap, (last + ttl, seq, k))
+            continue
+        del last_ts[k]
+        yield k
