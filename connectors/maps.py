@@ -142,6 +142,8 @@ class MapJournalSourceProcessor(Processor, PartitionedSource):
     def save_to_snapshot(self) -> bool:
         if not self._reader:
             return True
+        if self.et is not None and not self.et.flush(self.outbox):
+            return False  # events read before the barrier leave before it
         if self.seq is None:
             self.seq = self._first_seq()
         top = self.et.tops().get(0) if self.et is not None else None

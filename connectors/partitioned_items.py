@@ -94,6 +94,8 @@ class PartitionedItemsSourceProcessor(Processor, PartitionedSource):
         return False
 
     def save_to_snapshot(self) -> bool:
+        if self.et is not None and not self.et.flush(self.outbox):
+            return False  # items read before the barrier leave before it
         tops = self.et.tops() if self.et is not None else {}
         return self.outbox.offer_all_to_snapshot(
             [(BroadcastKey((_KEY, p)), [i, tops.get(p)]) for p, i in self.pos.items()])

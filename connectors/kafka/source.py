@@ -353,13 +353,14 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
             keys: Any = [(t0, p) for p in map(Message.partition, msgs)]
         else:
             keys = list(zip(map(Message.topic, msgs), map(Message.partition, msgs)))
-        now = time.monotonic()
+        runs = []
         start = 0
         for tp, run in groupby(keys):
             end = start + sum(1 for _ in run)
-            et.add_items(tp, list(zip(tss[start:end], items[start:end])) if native
-                         else items[start:end], now)
+            runs.append((tp, list(zip(tss[start:end], items[start:end])) if native
+                         else items[start:end]))
             start = end
+        et.add_batch(runs, time.monotonic())
 
     def _project(self, m: Any) -> Any:
         kd, vd = self.kd, self.vd
@@ -367,6 +368,7 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
         rec = KafkaRecord(m.topic(), m.partition(), m.offset(), m.timestamp()[1],
                           k if kd is None else kd(k), v if vd is None else vd(v),
                           m.headers() or [])
+        assert self.projection is not None  # called only with a projection
         return self.projection(rec)
 
     def _convert_one_by_one(self, msgs: list) -> tuple[list, list, list]:
@@ -470,6 +472,8 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
             self._start()
         if self.dead_letters is not None and not self._dead_letters_acknowledged():
             return False  # a dead letter is durable before its offset is saved: called again
+        if self.et is not None and not self.et.flush(self.outbox):
+            return False  # records consumed before the barrier leave before it
         offsets = self._positions()
         if self.commit_group and self.context.processing_guarantee != "none":
             self.snapshot_offsets[self.context.snapshot_id] = offsets

@@ -132,19 +132,23 @@ class SessionWindowProcessor(_WindowBase):
             ss = sessions.get(k)
             if not ss:
                 continue
-            keep = []
-            for s in ss:
-                if s[1] <= limit:
-                    r = finish(s[2])
-                    out.append(KeyedWindowResult(s[0], s[1], k, r) if keyed
-                               else WindowResult(s[0], s[1], r))
-                else:
-                    keep.append(s)
-            if keep:
-                sessions[k] = keep
-                self._push(min(s[1] for s in keep), k)
-            else:
+            # a key's sessions are sorted and disjoint, so their ends are sorted too: the
+            # closed ones are a prefix, and the next deadline is the first one left (a scan of
+            # every session per popped entry made a backlog of open sessions quadratic)
+            n = len(ss)
+            i = 0
+            while i < n and ss[i][1] <= limit:
+                s = ss[i]
+                r = finish(s[2])
+                out.append(KeyedWindowResult(s[0], s[1], k, r) if keyed
+                           else WindowResult(s[0], s[1], r))
+                i += 1
+            if i == n:
                 del sessions[k]
+            else:
+                if i:
+                    del ss[:i]
+                self._push(ss[0][1], k)
         out.sort(key=lambda r: (r[1], r[0]))
         self._emit(out)
 

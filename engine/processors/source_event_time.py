@@ -10,7 +10,10 @@ source), the planner gives the source's processors an :class:`EventTimeSpec` and
   throttling step (the frame of the windows downstream), and it only moves forward;
 - a partition assigned to the processor and not read yet holds the watermark back (nothing is
   known of it) until it delivers or is idle for ``idle_timeout`` ms of wall-clock time, so a
-  start on a backlog never judges one partition's records by another's progress;
+  start on a backlog never judges one partition's records by another's progress; its idle
+  clock starts again at the processor's first record, since a slow first fetch says nothing
+  of the partition, and every partition of one fetch counts as active before the fetch moves
+  the watermark;
 - a partition without records for ``idle_timeout`` stops holding it back and holds it again
   when it delivers; when every partition is idle the processor says so (the IDLE message) so
   that stages downstream stop waiting for it;
@@ -79,6 +82,7 @@ class SourceEventTime:
         self.partitions: dict[Hashable, _Partition] = {}
         self.last = NO_WATERMARK   # the watermark emitted last
         self.idle = False          # the IDLE message was the last thing said
+        self.delivered = False     # whether any partition has delivered a record yet
         self.pending: deque = deque()
 
     # --- partitions --------------------------------------------------------------------------
@@ -105,6 +109,30 @@ class SourceEventTime:
 
     # --- items -------------------------------------------------------------------------------
 
+    def add_batch(self, runs: list[tuple[Hashable, list]], now: float | None = None) -> int:
+        """Takes one fetch of records, as runs of ``(partition, items)`` in offset order per
+        partition (see :meth:`add_items`). Every partition of the fetch counts as active
+        before any run moves the watermark, so that a partition that had been quiet is not
+        judged by another's records of the same fetch."""
+        now = time.monotonic() if now is None else now
+        self._first_delivery(now)
+        for partition, _ in runs:
+            p = self.partitions.get(partition)
+            if p is not None:
+                p.seen = now
+        return sum(self.add_items(partition, items, now) for partition, items in runs)
+
+    def _first_delivery(self, now: float) -> None:
+        """At the first record of any partition, the partitions not read yet start their
+        idle clock again: until the consumer fetches at all, a slow first fetch (a broker
+        under load) must not make them idle, after which the first partition fetched would
+        judge the others' records late."""
+        if not self.delivered:
+            self.delivered = True
+            for p in self.partitions.values():
+                if p.top == NO_WATERMARK:
+                    p.seen = now
+
     def add_items(self, partition: Hashable, items: list, now: float | None = None) -> int:
         """Takes ``partition``'s next items (plain items, or ``(timestamp, item)`` pairs when
         the time is native) into the pending output as timestamped values, with the
@@ -113,11 +141,13 @@ class SourceEventTime:
         if bad:
             self.metrics["bad_timestamps"] += len(bad)
             self.pending.append((SIDE, bad))
+        now = time.monotonic() if now is None else now
+        self._first_delivery(now)
         p = self.partitions.get(partition)
         if p is None:  # a partition the source did not announce: track it from here
             self.add_partition(partition)
             p = self.partitions[partition]
-        p.seen = time.monotonic() if now is None else now
+        p.seen = now
         if not stamped:
             return 0
         cap = self._others_low(partition, p.seen)
