@@ -4,7 +4,7 @@ matches, as ``record_files.matching_files`` lists them), and a sink writing line
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TextIO
 
 from jetwake.connectors.record_files import matching_files, warn_if_no_files
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
@@ -22,7 +22,7 @@ class FileSourceProcessor(Processor):
         self.pattern = pattern
         self.encoding = encoding
         self.files: list[str] = []
-        self._current = None
+        self._current: TextIO | None = None
         self._path = ""
         self._lines = 0   # lines of the current file emitted so far
         self._skip = 0    # lines to skip after a restore

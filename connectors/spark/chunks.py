@@ -48,7 +48,7 @@ def chunked(items: Iterable[Any], size: int = CHUNK) -> Iterator[list]:
 
 def _timed_map(fn: Callable[[Any], Any]) -> Callable[[list], list]:
     def apply(chunk: list) -> list:
-        out = []
+        out: list[Any] = []
         add = out.append
         for t, w, x in chunk:
             y = fn(x)

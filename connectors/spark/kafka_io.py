@@ -91,9 +91,9 @@ def offset_ranges(spec: dict, until: Any, timeout: float = 10.0) -> list[OffsetR
     try:
         try:
             md = consumer.list_topics(timeout=timeout)
-        except KafkaException as e:
+        except KafkaException as err:
             raise BackfillKafkaError(f"Sources.kafka(): the Kafka brokers at {servers} did not "
-                                     f"answer within {timeout:.0f} s: {e}") from None
+                                     f"answer within {timeout:.0f} s: {err}") from None
         missing = [t for t in spec["topics"] if t not in md.topics
                    or md.topics[t].error is not None or not md.topics[t].partitions]
         if missing:

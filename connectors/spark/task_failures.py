@@ -66,6 +66,7 @@ def _exception_of(worker: str) -> tuple[str, str, list[str]] | None:
     m = _EXCEPTION_LINE.match(body[i])
     if m is None:
         return None
+    notes: list[str]
     message, notes = [m.group(2) or ""], []
     for line in body[i + 1:]:
         if not line.strip():

@@ -202,6 +202,7 @@ def read_source_bounds(pipeline: Pipeline, until: Any) -> dict[int, Any]:
         if not isinstance(t, SourceTransform):
             continue
         spec = t.source.spec
+        assert spec is not None  # check_pipeline
         kind = spec["kind"]
         if kind in ("files", "parquet", "json_lines"):
             bounds[id(t)] = matching_files(spec["pattern"], kind)
@@ -351,6 +352,7 @@ class Translator:
 
     def _SourceTransform(self, t: SourceTransform) -> StageOut:
         spec = t.source.spec
+        assert spec is not None  # check_pipeline
         kind = spec["kind"]
         sc = self.sc
         if kind in ("items", "map"):
@@ -485,6 +487,7 @@ class Translator:
                 return tss, xs
             tss, good = [], []
             bad = 0
+            err: Exception | None
             for x in xs:
                 try:
                     ts = fn(x)
@@ -608,6 +611,7 @@ class Translator:
             return StageOut(res.mapPartitions(
                 lambda it: chunked((k, finish(a)) for k, a in it)))
         if op.can_combine:
+            assert combine is not None
             # keyless: one partial per task that saw items, and a marker that makes the
             # result of no items that of create()
             def partial_all(it: Iterator) -> Iterator:
@@ -761,6 +765,7 @@ class Translator:
         partition it is exactly the member's watermark; and where the member's verdict depends
         on how far the other partitions were read, it is the verdict of the read order that is
         furthest ahead. A ttl evicts as the partition's time moves on, not only at the end."""
+        assert up.partition_lag is not None  # a Kafka source's stage
         (lag, step), cut = up.partition_lag, up.cut
 
         def own(it: Iterator) -> Iterator:
@@ -829,7 +834,7 @@ class Translator:
             from pyspark.rdd import portable_hash
             parts = []
             for i, up in enumerate(ups):
-                kf = key_fns[i] if keyed_stage else None
+                kf = key_fns[i] if key_fns is not None else None
                 columnar = up.columns is not None
                 if columnar:  # counted as the chain would count the rows
                     keys = tuple(k for _, k in up.chain if k is not None)
@@ -844,6 +849,7 @@ class Translator:
                         portable_hash, judge_late)))
             pairs = parts[0] if n == 1 else self.sc.union(parts)
             combine = op.combine
+            assert combine is not None  # two_stage: every op can combine
 
             def windows(it: Iterator) -> Iterator:
                 for k, frames in keyed.merge_frames(it, ops, combine).items():
@@ -853,7 +859,7 @@ class Translator:
             tagged = pairs.partitionBy(shuffled, _own_number).mapPartitions(windows)
         else:
             op = ops[0]
-            kf = key_fns[0] if keyed_stage else None
+            kf = key_fns[0] if key_fns is not None else None
 
             def drop_late(chunk: list) -> list:
                 kept = [e for e in chunk if e[1] is None or e[0] >= e[1] - e[1] % floor]
@@ -868,6 +874,7 @@ class Translator:
                 tagged = rows.mapPartitions(lambda it: keyed.sliding_no_combine(
                     it, op, kf, size, slide, cut, name, export))
         if export:
+            assert cut is not None  # export
             for vertex, k, v in keyed.window_watermark_entries(name, cut, slide, two_stage,
                                                                session):
                 self.driver_state.append((vertex, k, v))

@@ -110,10 +110,12 @@ class ClusterJobCoordinator(JobCoordinator):
             exec_key = (f"{self.job_id}.{cluster.member_id}.{self.execution_count + 1}."
                         f"{self._attempt}")
             self.current_exec_key = exec_key
+            # _on_execution_end reads what a DistributedExecution has of an Execution (error,
+            # error_tasklet); mypy infers no lambda with a default against a Callable[[], list]
             execution = DistributedExecution(
                 self.name, exec_key, [m for m, _ in members], cluster.call_member,
-                self._on_execution_end,
-                lambda key=exec_key: cluster.participant.tasklets_of_execution(key))
+                self._on_execution_end,  # type: ignore[arg-type]
+                lambda key=exec_key: cluster.participant.tasklets_of_execution(key))  # type: ignore[misc]
             results = execution.all_members(
                 "exec.init", lambda index: self._init_args(exec_key, members, index, rec, desc),
                 INIT_TIMEOUT_S)

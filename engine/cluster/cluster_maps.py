@@ -806,6 +806,7 @@ class ClusterMap(MapSurface):
                     err = msg.error()
                     if err is None:
                         offset = msg.offset()
+                        assert offset is not None  # a record has one
                         lost += max(0, offset - expected)
                         expected = offset + 1
                         kb, vb = msg.key(), msg.value()
@@ -814,8 +815,10 @@ class ClusterMap(MapSurface):
                         events.append(JournalEvent(offset, loads(kb), None, _decode(vb),
                                                    PUT if vb is not None else REMOVE))
                     elif err.code() == KafkaError._PARTITION_EOF:
-                        lost += max(0, msg.offset() - expected)
-                        expected = max(expected, msg.offset())
+                        offset = msg.offset()
+                        assert offset is not None  # the partition's end
+                        lost += max(0, offset - expected)
+                        expected = max(expected, offset)
                         known_end = min(known_end, expected)
                     elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
                                                        KafkaError._UNKNOWN_PARTITION):

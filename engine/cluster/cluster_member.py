@@ -148,7 +148,8 @@ class ClusterMember(Member):
             self.membership = KafkaMembership(
                 kafka_bootstrap_servers, cluster, self.member_id, self.network.address,
                 session_timeout_ms=session_timeout_ms, on_change=self._coordinator_changed)
-            self.snapshot_store.on_job_deleted = self._forget_job_everywhere
+            # a ClusterSnapshotStore in a cluster (_new_snapshot_store)
+            self.snapshot_store.on_job_deleted = self._forget_job_everywhere  # type: ignore[attr-defined]
             self.membership.start()
             self._verify_with_cluster()
         except BaseException:
@@ -178,9 +179,9 @@ class ClusterMember(Member):
             return super()._new_snapshot_store()
         return ClusterSnapshotStore(self.data_dir, self.data_topic, self.records)
 
-    def _recover_jobs(self) -> None:
+    def _recover_jobs(self, records: list | None = None) -> None:
         if not self.in_cluster:
-            super()._recover_jobs()
+            super()._recover_jobs(records)
         # in a cluster the coordinator resumes the cluster's jobs when it is elected
 
     def _new_coordinator(self, job_id: str, definition: Any, config: JobConfig,
@@ -433,6 +434,7 @@ class ClusterMember(Member):
         member left out that is alive joins again through auto-scaling."""
         members = self._refresh_members()
         if not any(m.id == self.member_id for m in members):
+            assert self.network is not None  # a member of a cluster
             members = members + [MemberInfo(self.member_id, self.network.address, True)]
         candidates = [m for m in members if m.id not in self._leaving]
         probes = {m.id: self._pool.submit(self.call_member, m.id, "cluster.info", [],
@@ -749,4 +751,4 @@ def _refused_as_not_coordinator(reply: bytes) -> bool:
         return False
     error = decoded.get("error") if isinstance(decoded, dict) and not decoded.get("ok") \
         else None
-    return bool(error) and error[0] == NotCoordinatorError.__name__
+    return bool(error and error[0] == NotCoordinatorError.__name__)

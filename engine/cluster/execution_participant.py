@@ -182,7 +182,9 @@ class ExecutionParticipant:
     def start(self, exec_key: str) -> None:
         ex = self._get(exec_key)
         ex.started = True
-        self.member.execution_service.submit(ex.execution)
+        service = self.member.execution_service
+        assert service is not None and ex.execution is not None  # a started member, prepared
+        service.submit(ex.execution)
 
     def snapshot(self, exec_key: str, snapshot_id: int, terminal: bool) -> None:
         """Starts phase 1 of snapshot ``snapshot_id`` on this member."""
@@ -199,6 +201,7 @@ class ExecutionParticipant:
         it. ``{"ok": False}`` when it did not complete in time or the execution stopped."""
         ex = self._get(exec_key)
         execution, snap, writer = ex.execution, ex.snapshot, ex.writer
+        assert execution is not None  # prepared
         if snap is None or writer is None or writer.record.snapshot_id != snapshot_id:
             return {"ok": False, "why": f"snapshot {snapshot_id} was not requested here"}
         if not snap.wait_phase1(snapshot_id, timeout, lambda: execution.cancelled):
@@ -218,6 +221,7 @@ class ExecutionParticipant:
         phase 2 in time."""
         ex = self._get(exec_key)
         snap, execution = ex.snapshot, ex.execution
+        assert execution is not None  # prepared
         if snap is None:
             return True
         if success:

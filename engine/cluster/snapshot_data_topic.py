@@ -510,8 +510,8 @@ class _Fetch:
             return  # fetched before the seek to this range
         key = msg.key()
         if key is not None and o <= ranges[i][1]:
-            for d in self.starting.get((p, o), ()):
-                self._first_record(d, key)
+            for download in self.starting.get((p, o), ()):
+                self._first_record(download, key)
             base, _, n = key.rpartition(b"/")
             d = self.active.get((p, base))
             if d is not None and d.first <= o <= d.last:

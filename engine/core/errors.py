@@ -13,6 +13,8 @@ __all__ = ["PipelineError", "JetwakeError", "JobNotFoundError", "JobCancelledErr
 class JetwakeError(Exception):
     """Base of jetwake's own errors."""
 
+    restartable: bool  # set True on one whose cause may pass (see is_restartable_cause)
+
 
 class JobNotFoundError(JetwakeError, KeyError):
     """No job with that name or id."""

@@ -165,7 +165,7 @@ def _pack(obj: Any) -> bytes:
     return data
 
 
-def _unpack(data: bytes) -> Any:
+def _unpack(data: bytes | bytearray | memoryview) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False,
                            use_list=True)
 
@@ -180,7 +180,7 @@ def dumps(obj: Any) -> bytes:
         raise SerializationError(f"cannot serialize {_short(obj)}: {e}") from e
 
 
-def loads(data: bytes) -> Any:
+def loads(data: bytes | bytearray | memoryview) -> Any:
     """Decode bytes made by :func:`dumps`. Never executes code from the data."""
     try:
         return _unpack(data)

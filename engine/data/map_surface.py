@@ -52,11 +52,15 @@ def _decode(vb: bytes | None) -> Any:
 
 
 class _ItemsView(ItemsView):
+    _mapping: MapSurface  # set by ItemsView.__init__
+
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         return self._mapping.entries()
 
 
 class _ValuesView(ValuesView):
+    _mapping: MapSurface  # set by ValuesView.__init__
+
     def __iter__(self) -> Iterator[Any]:
         return (v for _, v in self._mapping.entries())
 

@@ -28,7 +28,7 @@ import os
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple, Protocol
+from typing import Any, Iterator, NamedTuple, Protocol, cast
 
 from rocksdict import BlockBasedOptions, Options, ReadOptions, Rdict, Snapshot, WriteBatch
 
@@ -221,7 +221,8 @@ class _RocksStorage:
         for start, end in ranges:
             read_opt = ReadOptions()
             read_opt.set_iterate_upper_bound(end)
-            for key, vb in snapshot.items(from_key=start, read_opt=read_opt):
+            items = snapshot.items(from_key=start, read_opt=read_opt)
+            for key, vb in cast(Iterator[tuple[bytes, bytes]], items):  # raw mode
                 yield key[1:], vb
 
     def events(self, start: int, stop: int) -> list[_RawEvent]:

@@ -116,6 +116,7 @@ class _Worker(threading.Thread):
                     thief.give(t)
                     continue
                 ex = t.execution
+                assert ex is not None  # set by submit()
                 if ex.cancelled:
                     self.tasklets.remove(t)
                     removed = True
@@ -191,6 +192,7 @@ class ExecutionService:
     @staticmethod
     def _run_blocking(t: ProcessorTasklet) -> None:
         ex = t.execution
+        assert ex is not None  # set by submit()
         idle = 0
         while True:
             if ex.cancelled:

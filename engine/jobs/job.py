@@ -96,7 +96,7 @@ class Job:
     def last_snapshot(self):
         return self._c.last_snapshot
 
-    def metrics(self) -> dict[str, dict[str, int]]:
+    def metrics(self) -> dict[str, dict[str, float]]:
         return self._c.metrics()
 
     def __repr__(self) -> str:

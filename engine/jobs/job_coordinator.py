@@ -357,6 +357,7 @@ class JobCoordinator:
         self._close_all(execution.tasklets)
 
     def _launch(self, execution: Any) -> None:
+        assert self.member.execution_service is not None  # a started member
         self.member.execution_service.submit(execution)
 
     def _execution_description(self, execution: Any) -> str:
@@ -376,6 +377,7 @@ class JobCoordinator:
                 try:
                     reader.verify()
                 except SnapshotDamagedError as e:
+                    assert rec is not None  # the reader's
                     damaged.append(self._skip_damaged(rec, e, restore))
                     continue
             restored_id = rec.snapshot_id if rec is not None and rec.name is None else -1
@@ -390,6 +392,7 @@ class JobCoordinator:
                     restore_state(tasklets, reader, desc)
             except SnapshotDamagedError as e:
                 self._close_all(tasklets)
+                assert rec is not None  # raised by the reader's data
                 damaged.append(self._skip_damaged(rec, e, restore))
                 continue
             except BaseException:
@@ -608,7 +611,8 @@ class JobCoordinator:
         retrying = Retrying(
             retry=retry_if_exception(is_restartable_cause),
             wait=wait_exponential(multiplier=RESTART_BACKOFF_FIRST_S, max=RESTART_BACKOFF_MAX_S),
-            sleep=self._retry_stop.wait,  # cut short by a cancel or a member shutdown
+            # cut short by a cancel or a member shutdown (tenacity ignores wait()'s result)
+            sleep=self._retry_stop.wait,  # type: ignore[arg-type]
             before_sleep=report, reraise=True)
         try:
             retrying(attempt)
@@ -936,7 +940,7 @@ class JobCoordinator:
             return []
         return list(execution.tasklets)
 
-    def metrics(self) -> dict[str, dict[str, int]]:
+    def metrics(self) -> dict[str, dict[str, float]]:
         """Items in and out per vertex (with the other counters its processors keep), and per
         stateless stage fused into a vertex, by the stage's name: every stage the user wrote
         is there, under its own name or as the vertex named after it. Counts are this
@@ -955,11 +959,11 @@ class JobCoordinator:
         return fused_stage_metrics(s.transform for t in execution.tasklets
                                    for s in t.outbound)
 
-    def vertex_metrics(self) -> dict[str, dict[str, int]]:
+    def vertex_metrics(self) -> dict[str, dict[str, float]]:
         """Items in and out per vertex, summed over the vertex's processors on this member,
         with the other counters they keep in ``context.metrics``."""
         execution = self._execution
-        out: dict[str, dict[str, int]] = {}
+        out: dict[str, dict[str, float]] = {}
         if execution is None:
             return out
         for t in execution.tasklets:

@@ -13,7 +13,7 @@ import secrets
 import shutil
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from jetwake.engine.jobs.data_dir_lock import DataDirectoryLock
 from jetwake.engine.core.errors import JobNotFoundError, SnapshotNotFoundError
@@ -23,6 +23,10 @@ from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_coordinator import _STOP_CANCEL, _STOP_SUSPEND, JobCoordinator
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.data.named_list import NamedList
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jetwake.engine.jobs.job_records import JobRecordStore
+    from jetwake.snapshot.store.snapshot_store import SnapshotStore
 
 log = logging.getLogger("jetwake.member")
 
@@ -224,7 +228,7 @@ class Member:
         retrying = Retrying(retry=retry_if_result(lambda left: left > 0),
                             wait=wait_exponential(multiplier=0.5, max=10.0),
                             stop=lambda _state: self._stopping.is_set(),
-                            sleep=self._stopping.wait)
+                            sleep=self._stopping.wait)  # type: ignore[arg-type]  # result unused
         try:
             retrying(self._write_stale_records)
         except RetryError:
@@ -363,6 +367,7 @@ class Member:
 
     def get_map(self, name: str):
         """The named map (created empty on first use): a Mapping with put/remove/..."""
+        assert self._maps is not None  # a started member
         return self._maps.get_map(_check_name(name, "a map"))
 
     def get_list(self, name: str) -> NamedList:
@@ -426,6 +431,7 @@ class Member:
                 stuck.append(c.name)
         self._stopping.set()
         self._after_jobs_stopped()
+        assert self.execution_service is not None  # a started member
         self.execution_service.shutdown()
         if self._maps is not None:
             self._maps.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any
+from typing import Any, Literal
 
 from jetwake.engine.core.errors import SnapshotWriteError
 
@@ -75,7 +75,7 @@ class SnapshotAttempt:
     def __enter__(self) -> "SnapshotAttempt":
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         e = self.entry
         if not self._recorded and not isinstance(exc, SnapshotWriteError):
             return False  # no snapshot was started

@@ -405,7 +405,7 @@ class WindowAggregateTransform(Transform):
             else ()
         if not wdef.is_session and all(op.can_combine for op in ops) \
                 and (not wdef.early_results_period or len(ops) > 1):
-            kfs = list(key_fns) if keyed else [None] * len(ops)
+            kfs = list(key_fns) if key_fns is not None else [None] * len(ops)
             acc = planner.vertex(f"{name}-accumulate", lambda: FrameAccumulateProcessor(
                 name, wdef, ops, kfs, side), self)
             if side:
@@ -425,7 +425,7 @@ class WindowAggregateTransform(Transform):
             raise PipelineError(f"stage {name!r}: co-aggregation of session windows is not "
                                 "supported; use sliding or tumbling windows")
         op = ops[0]
-        key_fn = key_fns[0] if keyed else None
+        key_fn = key_fns[0] if key_fns is not None else None
         cls = SessionWindowProcessor if wdef.is_session else SlidingWindowProcessor
         v = planner.vertex(name, lambda: cls(name, wdef, op, key_fn, side), self,
                            -1 if keyed else 1)

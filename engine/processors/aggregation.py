@@ -33,6 +33,7 @@ class _SavesAccumulators(Processor):
     table: dict
     acc: Any
     keyed: bool
+    _emitter: ChunkEmitter | None
     _saver: StateSaver | None = None
     _completed = False  # complete() returned True (or the restored state says it had)
 

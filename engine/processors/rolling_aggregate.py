@@ -44,7 +44,7 @@ class RollingAggregateProcessor(EventTimeProcessor):
         accs = self.accs
         get = accs.get
         key_fn = self.key_fn
-        out = []
+        out: list[Any] = []
         append = out.append
         if self.timestamped:
             for t, x in items:

@@ -86,6 +86,7 @@ class TimestampReader:
         return stamped, tss, bad
 
     def _check_pairs(self, pairs: list) -> tuple[list, list, list]:
+        bad: list
         good, tss, bad = [], [], []
         for t, x in pairs:
             t = self._as_int(t, x, bad)

@@ -382,7 +382,7 @@ class RemoteJob:
     def last_snapshot(self):
         return _commit_record(self.refresh().get("last_snapshot"))
 
-    def metrics(self) -> dict[str, dict[str, int]]:
+    def metrics(self) -> dict[str, dict[str, float]]:
         return self._client.call("job_metrics", id=self.id)
 
     def is_done(self) -> bool:

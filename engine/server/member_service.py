@@ -18,7 +18,7 @@ import socket
 import socketserver
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from jetwake.engine.server.authentication import (
     HELLO_TIMEOUT_S, MAX_UNAUTHENTICATED, ConnectionGate, accept_hello, check_listen_address,
@@ -99,7 +99,8 @@ class MemberService:
                     raise
 
         self.server = Server((host, port), Handler)
-        self.address = self.server.server_address[:2]
+        # (host, port): the hints allow a bytes host, a bound socket has a str one
+        self.address = cast(tuple[str, int], self.server.server_address[:2])
         self._thread: threading.Thread | None = None
 
     @property

@@ -43,7 +43,7 @@ import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -185,7 +185,7 @@ class JetwakeCollector:
         stage_out = CounterMetricFamily("jetwake_stage_items_out",
                                         "Items a stateless stage fused into a vertex gave to "
                                         "the next stage, on this member", labels=stage_labels)
-        custom: dict[str, Metric] = {}
+        custom: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
 
         for c in coords:
             jl = [c.name, c.job_id]
@@ -327,7 +327,8 @@ class MetricsServer:
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
-        self.address = self.httpd.server_address[:2]
+        # (host, port): the hints allow a bytes host, a bound socket has a str one
+        self.address = cast(tuple[str, int], self.httpd.server_address[:2])
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True,
                                         name="jetwake-metrics")
 

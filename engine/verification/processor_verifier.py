@@ -373,7 +373,9 @@ class _Run:
             local_parallelism=lp, total_parallelism=total, member_index=member_index,
             member_count=member_count,
             owned_partitions=partitions_of_processor(member_index, member_count, local_index, lp),
-            snapshot=self.snap if settings.get("processing_guarantee") != "none" else None,
+            # _SnapshotIds stands in for the engine's SnapshotContext: the ids a processor reads
+            snapshot=(self.snap  # type: ignore[arg-type]
+                      if settings.get("processing_guarantee") != "none" else None),
             logger=settings.pop("logger", logging.getLogger("jetwake.testing")),
             state_factory=settings.pop("state_factory", in_memory_state_factory),
             # a state factory given by the test stands for a backend other than memory

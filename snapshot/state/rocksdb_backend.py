@@ -15,7 +15,7 @@ import os
 import shutil
 from collections import OrderedDict
 from operator import itemgetter
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, cast
 
 from rocksdict import Checkpoint, ReadOptions, Rdict, WriteBatch, WriteOptions
 
@@ -90,7 +90,8 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._sync = WriteOptions()
         self._sync.sync = True
         self._no_wal = WriteOptions()
-        self._no_wal.disable_wal = True
+        # a property at run time, which rocksdict's hints declare a method
+        self._no_wal.disable_wal = True  # type: ignore[method-assign, assignment]
         self._checkpoints = f"{self._path}.checkpoints"
         self._checkpoint_seq = 0
 
@@ -255,8 +256,8 @@ class RocksDBStateBackend(KeyedStateBackend):
             if not isinstance(files, SnapshotFiles):
                 raise TypeError(f"restore_checkpoints takes SnapshotFiles, got "
                                 f"{type(files).__name__}")
-            counts = checkpoint_partitions(files)
-            mine = sorted(p for p, c in counts.items() if c and p in owned)
+            saved = checkpoint_partitions(files)
+            mine = sorted(p for p, c in saved.items() if c and p in owned)
             for p in mine:
                 if p in holder:
                     raise ValueError(
@@ -264,7 +265,7 @@ class RocksDBStateBackend(KeyedStateBackend):
                         "the checkpoints are not of one snapshot's processors")
                 holder[p] = files.directory
             if mine:
-                plans.append((files, mine, sum(counts[p] for p in mine)))
+                plans.append((files, mine, sum(saved[p] for p in mine)))
         if not plans:
             return
         plans.sort(key=lambda plan: -plan[2])
@@ -340,6 +341,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._cache.clear()
         self._dirty.clear()
         self._cached = 0
+        assert db is not None  # dropped only while open
         db.close()
 
     def _open_db(self) -> Rdict:
@@ -424,12 +426,13 @@ class RocksDBStateBackend(KeyedStateBackend):
             overlay = sorted(cached.get(prefix, ()), key=itemgetter(0))
             read_opt = ReadOptions()
             read_opt.set_iterate_upper_bound(_PREFIX.pack(p + 1))
+            disk: Iterator[tuple[Any, Any]]
             if with_values:
                 disk = db.items(from_key=prefix, read_opt=read_opt)
             else:
                 disk = ((k, None) for k in db.keys(from_key=prefix, read_opt=read_opt))
             i, n = 0, len(overlay)
-            for kb, data in disk:
+            for kb, data in cast(Iterator[tuple[bytes, Any]], disk):  # raw mode: bytes keys
                 while i < n and overlay[i][0] < kb:
                     ckb, value = overlay[i]
                     i += 1
@@ -460,6 +463,6 @@ def _read_counts(db: Rdict) -> list[int]:
     if db.get(_META_COUNT) is not None:
         read_opt = ReadOptions()
         read_opt.set_iterate_upper_bound(_ENTRIES_END)
-        for kb in db.keys(from_key=b"\x00\x00", read_opt=read_opt):
+        for kb in cast(Iterator[bytes], db.keys(from_key=b"\x00\x00", read_opt=read_opt)):
             counts[kb[0] << 8 | kb[1]] += 1
     return counts

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, cast
 
 from rocksdict import BlockBasedOptions, Options, ReadOptions, Rdict
 
@@ -138,7 +138,8 @@ def read_checkpoint_entries(saved: list[SnapshotFiles], partitions: Iterable[int
                 for first, end in partition_runs(present):
                     read_opt = ReadOptions()
                     read_opt.set_iterate_upper_bound(_PREFIX.pack(end))
-                    for kb, data in db.items(from_key=_PREFIX.pack(first), read_opt=read_opt):
+                    items = db.items(from_key=_PREFIX.pack(first), read_opt=read_opt)
+                    for kb, data in cast(Iterator[tuple[bytes, bytes]], items):  # raw mode
                         yield loads(kb[2:]), loads(data)
             finally:
                 db.close()

@@ -88,7 +88,7 @@ class CommitRecord:
 
     def vertex_completed(self, vertex: str) -> bool:
         """Whether every processor of ``vertex`` had completed when this snapshot was taken."""
-        total = self.parallelism.get(vertex)
+        total = self.parallelism.get(vertex, 0)
         return bool(total) and len(set(self.completed.get(vertex, ()))) >= total
 
     @property
@@ -194,6 +194,7 @@ class _Stream:
         if self.file is not None:
             self.file.write(frame)
         else:
+            assert self.buffer is not None  # a stream without a file has a buffer
             self.buffer += frame
         self.crc = zlib.crc32(frame, self.crc)
         self.size += len(frame)
@@ -262,7 +263,7 @@ class SnapshotWriter:
                 self.error = e
 
     def add_encoded(self, vertex: str, processor: int, frame: bytes, count: int,
-                    attachments: list[tuple[str, str]] = ()) -> None:
+                    attachments: Iterable[tuple[str, str]] = ()) -> None:
         """Appends a frame encoded earlier (a finished processor's final state), linking the
         files it refers to from their staging directories (``(relative path, source)``)."""
         if self.error is not None:
@@ -338,6 +339,7 @@ class SnapshotWriter:
                     stream.file.flush()
                     os.fsync(stream.file.fileno())
                 else:
+                    assert stream.buffer is not None  # a stream without a file has a buffer
                     blobs.setdefault(vertex, {})[str(proc)] = bytes(stream.buffer)
                 rec.files.setdefault(vertex, {})[str(proc)] = [stream.count, stream.crc,
                                                                 stream.size]

@@ -166,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("submit", "build the pipeline of FILE.py locally and submit it as a job",
             "jetwake submit counter.py --name counter --guarantee exactly_once "
             "--snapshot-interval 1000 -- --rate 100")
+    assert p.description is not None  # add() gives one
     p.description += (" FILE.py defines a module-level `pipeline` (a Pipeline) or a function "
                       "`pipeline(args)` that returns one; ARGS after `--` are passed to it.")
     p.usage = ("jetwake submit [-h] [--name NAME] [--guarantee G] [--snapshot-interval MS] "

@@ -81,7 +81,7 @@ class DashboardApi:
         info = self.call("cluster", None, peer)
         members = info.get("members", [])
         if not getattr(self.member, "in_cluster", False):
-            usage = self.call("member_usage", None, peer)
+            usage: dict = self.call("member_usage", None, peer)
             for m in members:
                 m.update(usage)
             return info
@@ -96,7 +96,7 @@ class DashboardApi:
                                                    _USAGE_TIMEOUT_S, m["id"])
             for m in members:
                 f = futures.get(m.get("id"))
-                usage: dict = {"rss_bytes": None, "cpu_percent": None}
+                usage = {"rss_bytes": None, "cpu_percent": None}
                 if f is not None:
                     try:
                         reply = loads(f.result(_USAGE_TIMEOUT_S + 2))

@@ -269,6 +269,7 @@ def merge_shares(shares: list[dict]) -> dict:
     if histories:
         longest = max(histories, key=len)
         for back in range(1, len(longest) + 1):
+            step: dict[str, list[float]]
             t, step = longest[-back][0], {}
             for h in histories:
                 if back <= len(h):
