@@ -138,6 +138,17 @@ def test_every_partition_idle_says_idle_then_active_again():
     assert out(et) == [(100, 100), Watermark(100)]
 
 
+def test_when_every_partition_falls_idle_the_watermark_first_reaches_the_highest_one():
+    # partition 1 never delivers; partition 0's backlog ends, and both fall idle together
+    et = event_time(lag=100, idle=500)
+    et.add_partition(0)
+    et.add_partition(1)
+    et.add_items(0, [1_000, 2_000], now=5.0)
+    assert [e for e in out(et) if isinstance(e, Watermark)] == []  # partition 1 holds it
+    et.poll(now=5.6)
+    assert out(et) == [Watermark(1_900), IDLE_MESSAGE]
+
+
 def test_a_processor_without_partitions_is_idle():
     et = event_time()
     et.poll()

@@ -15,8 +15,9 @@ source), the planner gives the source's processors an :class:`EventTimeSpec` and
   of the partition, and every partition of one fetch counts as active before the fetch moves
   the watermark;
 - a partition without records for ``idle_timeout`` stops holding it back and holds it again
-  when it delivers; when every partition is idle the processor says so (the IDLE message) so
-  that stages downstream stop waiting for it;
+  when it delivers; when every partition is idle the watermark first advances to the highest
+  any partition reached, then the processor says so (the IDLE message) so that stages
+  downstream stop waiting for it (the rule of a stage whose inputs all fall idle);
 - each partition's ``top`` is part of the source's snapshot state and moves with the partition
   when a restart, a rescale or a member's loss gives it to another processor.
 
@@ -201,6 +202,16 @@ class SourceEventTime:
                 low = p.top - self.lag
         if not any_active:  # every partition idle, or none to read: hold nothing back
             if not self.idle:
+                # as when every input of a stage falls idle: event time first advances to the
+                # highest watermark a partition reached, so the result does not depend on which
+                # partition fell idle first
+                tops = [p.top for p in self.partitions.values() if p.top != NO_WATERMARK]
+                if tops:
+                    high = max(tops) - self.lag
+                    wm = throttle(high, self.step) if self.step > 0 else high
+                    if wm > self.last:
+                        self.last = wm
+                        self.pending.append((CONTROL, Watermark(wm)))
                 self.idle = True
                 self.pending.append((CONTROL, IDLE_MESSAGE))
             return
