@@ -41,6 +41,14 @@ def flush_pending(pending: deque, outbox: Any, side_output: bool) -> bool:
     n = outbox.ordinal_count
     while pending:
         kind, entry = pending[0]
+        if kind == DATA and len(pending) > 1 and pending[1][0] == DATA:
+            # consecutive data chunks (a source's runs of several partitions) leave as one:
+            # every stage downstream pays per chunk
+            pending.popleft()
+            entry = list(entry)
+            while pending and pending[0][0] == DATA:
+                entry.extend(pending.popleft()[1])
+            pending.appendleft((DATA, entry))
         if kind == DATA:
             if not side_output:
                 if not outbox.offer_chunk(-1, entry):
