@@ -71,9 +71,7 @@ class PartitionedItemsSourceProcessor(Processor, PartitionedSource):
             return False
         while outbox.has_room():
             run = self._next_run()
-            if run is None:
-                if et is not None and not et.partitions:
-                    et.poll()  # nothing (left) to read: hold nothing back
+            if run is None:  # done: the end of the stream says the rest
                 return et is None or et.flush(outbox)
             p, n = run
             start = self.pos[p]
@@ -88,7 +86,8 @@ class PartitionedItemsSourceProcessor(Processor, PartitionedSource):
                 # a finished partition holds nothing back, as a finished processor's input
                 # no longer counts downstream: where it was read does not matter
                 et.remove_partition(p)
-                et.poll()
+                if et.partitions:  # the others may now move the watermark on
+                    et.poll()
             if not et.flush(outbox):
                 return False
         return False

@@ -205,3 +205,23 @@ def test_window_results_are_written_to_a_sink_of_the_results_stage_and_mapped():
     mapped, raw, _ = run(p, "mapped", "raw")
     assert sorted(mapped) == sorted((r.key, r.end, r.result) for r in raw)
     assert len(raw) == len(sliding_reference(events, 100, 100))
+
+
+def test_a_frame_accumulator_whose_input_falls_idle_sends_its_partial_frames_first():
+    """A combiner whose inputs all fall idle moves on to the highest watermark any reached;
+    frames still held by an accumulator whose input is idle would then arrive late and be
+    dropped. They leave before the idle marker instead."""
+    from jetwake import AggregateOperations as ops
+    from jetwake.engine.core.processor import Inbox, Outbox, ProcessorContext
+    from jetwake.engine.core.stream_items import IDLE_MESSAGE, Watermark
+    from jetwake.engine.processors.sliding_window import FrameAccumulateProcessor
+
+    acc = FrameAccumulateProcessor("w", WindowDefinition.tumbling(100), [ops.counting()],
+                                   [None], False)
+    acc.outbox = Outbox(1, 1_000)
+    acc.init(ProcessorContext("j", "j", "w-accumulate", 0, 0, 1, 1, 0, 1))
+    acc.process(0, Inbox([(10, "a"), (150, "b"), (160, "c")]))
+    assert acc.try_process_watermark(Watermark(100))
+    assert acc.outbox.drain(0) == [(None, 0, 1), Watermark(100)]
+    assert acc.try_process_watermark(IDLE_MESSAGE)
+    assert acc.outbox.drain(0) == [(None, 100, 2), IDLE_MESSAGE]

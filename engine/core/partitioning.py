@@ -16,7 +16,7 @@ from jetwake.engine.core.serialization import dumps
 
 __all__ = [
     "PARTITION_COUNT", "partition_of", "member_partitions", "processor_partition_table",
-    "partitions_of_processor", "owner_of_partition",
+    "partitions_of_processor", "owner_of_partition", "all_to_one_target",
 ]
 
 PARTITION_COUNT = 271
@@ -85,3 +85,10 @@ def owner_of_partition(topic_index: int, partition: int, topic_count: int,
     owner without talking to the others."""
     start = topic_index * max(1, total_parallelism // topic_count)
     return (start + partition) % total_parallelism
+
+
+def all_to_one_target(vertex_name: str, member_count: int, local_parallelism: int) -> int:
+    """The global index of the one processor of ``vertex_name`` that a distributed all-to-one
+    edge feeds from the whole cluster: the owner of the vertex name's partition. A keyless
+    aggregation's result comes from it alone."""
+    return processor_partition_table(member_count, local_parallelism)[partition_of(vertex_name)]

@@ -14,7 +14,8 @@ from typing import Any, Callable
 from jetwake.engine.core.chunk_emitter import ChunkEmitter
 from jetwake.engine.operations.aggregate import AggregateOperation
 from jetwake.engine.core.functions import is_identity
-from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor
+from jetwake.engine.core.partitioning import all_to_one_target
+from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 from jetwake.snapshot.protocol.state_saver import StateSaver
 
 __all__ = ["AccumulateProcessor", "CombineProcessor", "AggregateProcessor"]
@@ -139,8 +140,7 @@ class CombineProcessor(_SavesAccumulators):
             finish = self.op.finish
             if self.keyed:
                 return ((k, finish(a)) for k, a in self.table.items())
-            # a keyless aggregation of no items still has a result: that of create()
-            return [finish(self.op.create() if self.acc is _NO_ACC else self.acc)]
+            return _keyless_result(self.context, self.op, self.acc)
         return self._emit_result(output)
 
 
@@ -155,7 +155,7 @@ class AggregateProcessor(AccumulateProcessor):
         def output() -> Any:
             finish = self.op.finish
             if self.key_fn is None:
-                return [finish(self.op.create() if self.acc is _NO_ACC else self.acc)]
+                return _keyless_result(self.context, self.op, self.acc)
             return ((k, finish(a)) for k, a in self.table.items())
         return self._emit_result(output)
 
@@ -167,3 +167,16 @@ class AggregateProcessor(AccumulateProcessor):
                 self.table[key] = acc
             else:
                 self.acc = acc
+
+
+def _keyless_result(context: ProcessorContext, op: AggregateOperation, acc: Any) -> list:
+    """The result of a keyless aggregation, from the processor the all-to-one edge feeds. A
+    keyless aggregation of no items still has a result (that of ``create()``), but only that
+    processor gives it: the vertex's processors on the other members of a cluster get nothing,
+    and must not add a result of their own."""
+    if acc is _NO_ACC:
+        if context.global_processor_index != all_to_one_target(
+                context.vertex_name, context.member_count, context.local_parallelism):
+            return []
+        acc = op.create()
+    return [op.finish(acc)]

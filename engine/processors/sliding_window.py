@@ -32,6 +32,7 @@ from jetwake.engine.operations.aggregate import AggregateOperation, _identity
 from jetwake.engine.operations.window_definition import WindowDefinition, items_by_frame
 from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
 from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
+from jetwake.engine.core.stream_items import Watermark
 from jetwake.engine.operations.watermark_policy import NO_WATERMARK
 from jetwake.engine.processors.event_time_base import MISSING, EventTimeProcessor, first, second
 
@@ -181,6 +182,19 @@ class FrameAccumulateProcessor(_WindowBase):
 
     def try_process(self) -> bool:
         return self._flush()
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        if watermark.is_idle and self.frames:
+            # an input that falls idle stops counting downstream, and a combiner whose inputs
+            # all fell idle moves on to the highest watermark any reached: the partial frames
+            # held here leave first (as partials, combined with any that follow), or they
+            # would arrive behind that watermark and be dropped as late
+            if not self._flush():
+                return False
+            frames = self.frames
+            for f in sorted(frames):
+                self._emit(self._frame_items(f, frames.pop(f)))
+        return super().try_process_watermark(watermark)
 
     def complete(self) -> bool:
         if not self._completing:
