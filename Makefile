@@ -83,10 +83,16 @@ test-integration: $(TEST_STAMP) browser
 
 # The conformance suite (tests/test_conformance.py) with a large hypothesis budget: every runtime
 # against the reference model of tests/reference/ on 300 drawn pipelines and inputs per test.
+# tests/test_conformance_spark.py (the Spark backfill and the hand-off to a streaming job, over
+# Kafka) runs a third of that per Spark test: each example is a few seconds of Spark.
+# tests/test_conformance_cluster.py runs all of it on a cluster of three member processes;
+# tests/test_conformance_kill.py a quarter, each on a member process SIGKILLed and restarted
+# under exactly-once (a few seconds an example).
 CONFORMANCE_EXAMPLES ?= 300
 conformance: $(TEST_STAMP)
 	JETWAKE_CONFORMANCE_EXAMPLES=$(CONFORMANCE_EXAMPLES) $(PY) -m pytest tests/test_conformance.py \
-		tests/reference
+		tests/test_conformance_spark.py tests/test_conformance_cluster.py \
+		tests/test_conformance_kill.py tests/reference
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench

@@ -65,6 +65,21 @@ excepted) and reports an ``order`` indeterminacy otherwise.
 
 A bounded source ends the stream: every window still open is emitted, every session closed,
 and every ``map_stateful`` state with a ttl evicted (``on_evict`` called on it).
+
+Streaming (``run_model(..., bounded=False)``)
+----------------------------------------------
+A Kafka topic does not end: a streaming job over it (and a Spark backfill, which emits what a
+streaming job would have emitted by the end of its input, docs/backfill.md) has, once it has
+read everything, the *final watermark* of each source, the lowest over its partitions of
+``top_P - lag`` rounded down to the step (:func:`final_watermarks`); a stage has the lowest of
+its sources'. Only the windows whose end is at or below it are emitted (sliding and tumbling
+windows, and sessions, whose end is the last event's time plus the gap), only the ttl states
+it has passed (``evicted_by``) are evicted (``on_evict`` called), and there is no end-of-stream
+flush: the batch ``aggregate`` emits nothing (the generator leaves it out of streaming specs,
+``specs(streaming=True)``). Every partition has a record (``_check_inputs``), so no partition
+holds the final watermark back for ever; what events meet on the way, and so which are late,
+is the same as in a bounded run. The final watermark is fixed by the input: it does not
+depend on how the partitions interleaved.
 """
 
 from __future__ import annotations
@@ -77,10 +92,13 @@ from .functions import (
     STATELESS, count_and_sum, event_time, evicted_state, key_of, new_state, rank_of, value_of,
 )
 from .result import RunResult, canonical, multiset
-from .spec import Inputs, Spec, check_spec, source_names, upstream_sources, watermark_step
+from .spec import (
+    Inputs, Spec, check_spec, node_ids, source_names, upstream_sources, watermark_step,
+)
 
 __all__ = ["NO_WATERMARK", "Position", "RecordTime", "Event", "Indeterminacy", "ModelResult",
-           "run_model", "is_determinate", "record_times", "aggregate", "throttle",
+           "run_model", "is_determinate", "record_times", "final_watermarks", "aggregate",
+           "throttle",
            "window_starts", "late_at_window", "late_at_session", "late_at_ttl", "expected_run"]
 
 NO_WATERMARK = -(2**63)
@@ -122,6 +140,18 @@ def record_times(spec: Spec, inputs: Inputs) -> dict[Position, RecordTime]:
                 within = top == NO_WATERMARK or t >= top - lag
                 out[(name, p, i)] = RecordTime(t, top, wm, within)
                 top = max(top, t)
+    return out
+
+
+def final_watermarks(spec: Spec, inputs: Inputs) -> dict[str, int]:
+    """Each source's watermark once every record is read (a streaming run's last): the lowest
+    over its partitions of the highest timestamp less the lag, rounded down to the step."""
+    out = {}
+    for src in spec["sources"]:
+        name, lag = src["name"], src["lag"]
+        step = watermark_step(spec, name)
+        out[name] = min(throttle(max(map(event_time, records)) - lag, step)
+                        for records in inputs["partitions"][name])
     return out
 
 
@@ -221,6 +251,11 @@ class ModelResult:
     """The records below their own partition's highest timestamp so far minus the lag."""
     late_sinks: tuple[str, ...] = ()
     """The window stages that route late events to a sink."""
+    bounded: bool = True
+    """Whether the run ended the stream (a batch run) or stopped with everything read (a
+    streaming run: windows closed, states evicted only up to the final watermark)."""
+    final_watermark: dict[str, int] = field(default_factory=dict)
+    """Streaming: every source and stage -> the watermark it has once everything is read."""
 
     @property
     def late_counts(self) -> dict[str, int]:
@@ -228,16 +263,22 @@ class ModelResult:
 
 
 class _Model:
-    def __init__(self, spec: Spec, inputs: Inputs) -> None:
+    def __init__(self, spec: Spec, inputs: Inputs, bounded: bool = True) -> None:
         check_spec(spec)
         _check_inputs(spec, inputs)
         self.spec = spec
         self.inputs = inputs
+        self.bounded = bounded
         self.times = record_times(spec, inputs)
         self.steps = {s: watermark_step(spec, s) for s in source_names(spec)}
         self.partitions = {s: len(inputs["partitions"][s]) for s in source_names(spec)}
         self.result = ModelResult(beyond_lag=[p for p, rt in self.times.items()
-                                              if not rt.within_lag])
+                                              if not rt.within_lag], bounded=bounded)
+        if not bounded:
+            finals = final_watermarks(spec, inputs)
+            self.result.final_watermark = {
+                node: min(finals[s] for s in upstream_sources(spec, node))
+                for node in node_ids(spec)}
         self.events: dict[str, list[Event]] = {}
         self.direct: dict[str, bool] = {}   # reaches the source through stateless stages only
         self.ordered: dict[str, bool] = {}  # a key's items keep their partition's order
@@ -261,6 +302,11 @@ class _Model:
         for node, events in self.events.items():
             self.result.outputs[node] = [canonical(e.item) for e in events]
         return self.result
+
+    def closed(self, stage: dict, end: int) -> bool:
+        """Whether a window (or session) of ``stage`` ending at ``end`` is emitted: always at
+        the end of a bounded stream; streaming, once the final watermark reaches its end."""
+        return self.bounded or end <= self.result.final_watermark[stage["id"]]
 
     # --- what a stage's events meet --------------------------------------------------------
 
@@ -383,6 +429,7 @@ class _Model:
                 for e in events:
                     for s in window_starts(_time(e), size, slide):
                         windows[(s, s + size, key(e.item))][i].append(e.item)
+        windows = {w: items for w, items in windows.items() if self.closed(stage, w[1])}
         out = []
         if stage.get("join"):  # a result per pair of a left and a right item
             for (start, end, k), (lefts, rights) in windows.items():
@@ -440,11 +487,15 @@ class _Model:
                 r = count_and_sum(state, k, e.item)
                 if r is not None:
                     out.append(Event(r, e.ts, e.origin))
-            if state is not None and ttl is not None and stage["on_evict"]:
-                out.append(Event(evicted_state(state, k), None, ()))  # at the end of the stream
+            if state is not None and ttl is not None and stage["on_evict"] and (
+                    self.bounded or evicted_by(self.result.final_watermark[sid], last, ttl)):
+                # at the end of the stream; streaming, if the final watermark passed it
+                out.append(Event(evicted_state(state, k), None, ()))
         return out
 
     def _aggregate(self, stage: dict, events: list[Event]) -> list[Event]:
+        if not self.bounded:  # a batch aggregation emits at the end of the stream: never
+            return []
         op = stage["op"]
         if not stage["keyed"]:
             return [Event(aggregate(op, [e.item for e in events]), None, ())]
@@ -499,17 +550,19 @@ def _check_inputs(spec: Spec, inputs: Inputs) -> None:
                     raise ValueError(f"source {s!r}: record {r!r} has no int timestamp")
 
 
-def run_model(spec: Spec, inputs: Inputs) -> ModelResult:
+def run_model(spec: Spec, inputs: Inputs, bounded: bool = True) -> ModelResult:
     """What ``spec`` emits for ``inputs``, which events are late where, and what the input
-    leaves undetermined (see the module docstring)."""
-    return _Model(spec, inputs).run()
+    leaves undetermined (see the module docstring). ``bounded=False``: what a streaming job
+    has emitted once it has read everything (windows and ttl states up to the final
+    watermark, no end-of-stream flush; the module docstring, "Streaming")."""
+    return _Model(spec, inputs, bounded).run()
 
 
-def is_determinate(spec: Spec, inputs: Inputs) -> bool:
+def is_determinate(spec: Spec, inputs: Inputs, bounded: bool = True) -> bool:
     """Whether the input fixes every output: no event's fate (late or not, its key's state
     evicted or not) depends on the progress of other partitions, and every order-sensitive
     keyed stage sees each key's items in one partition's order."""
-    return not run_model(spec, inputs).indeterminate
+    return not run_model(spec, inputs, bounded).indeterminate
 
 
 def expected_run(model: ModelResult) -> RunResult:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from reference.generate import inputs_for, repair, specs
 from reference.model import (
-    NO_WATERMARK, aggregate, is_determinate, record_times, run_model, window_starts,
+    NO_WATERMARK, aggregate, final_watermarks, is_determinate, record_times, run_model,
+    window_starts,
 )
 from reference.spec import watermark_step
 
@@ -305,3 +308,108 @@ def test_a_window_join_emits_a_result_per_pair_of_a_window_and_key():
     assert sorted(run_model(spec, inputs).outputs["j"]) == [
         ("KeyedWindowResult", 0, 100, "x", (a[0], b[0])),
         ("KeyedWindowResult", 0, 100, "x", (a[1], b[0]))]
+
+
+# --- streaming: what a job over an unbounded input has emitted once it has read everything -------
+
+def test_a_streaming_run_closes_only_the_windows_ending_at_or_below_the_final_watermark():
+    # lag 10, step gcd(100, 30) = 10: the final watermark is 220 - 10 = 210; the tumbling
+    # window [200, 300) and the session [220, 250) are still open
+    spec = one_source(10, window("t", ["tumbling", 100]), window("s", ["session", 30]))
+    m = run_model(spec, partitions(records(0, 10, 50, 220)), bounded=False)
+    assert m.final_watermark == {"a": 210, "t": 210, "s": 210}
+    assert sorted(m.outputs["t"]) == [("KeyedWindowResult", 0, 100, "k", 3)]
+    assert sorted(m.outputs["s"]) == [("KeyedWindowResult", 0, 40, "k", 2),
+                                      ("KeyedWindowResult", 50, 80, "k", 1)]
+
+
+def test_a_window_or_session_ending_exactly_at_the_final_watermark_is_closed():
+    spec = one_source(0, window("t", ["tumbling", 100]), window("s", ["session", 50]))
+    m = run_model(spec, partitions(records(50, 100, 150, 200)), bounded=False)
+    assert m.final_watermark["a"] == 200
+    assert sorted(m.outputs["t"]) == [("KeyedWindowResult", 0, 100, "k", 1),
+                                      ("KeyedWindowResult", 100, 200, "k", 2)]
+    # events a gap apart are sessions of their own: [150, 200) ends at the watermark
+    assert sorted(m.outputs["s"]) == [("KeyedWindowResult", s, s + 50, "k", 1)
+                                      for s in (50, 100, 150)]
+
+
+def test_the_final_watermark_is_the_slowest_partitions_rounded_to_the_step():
+    spec = one_source(20, window("w", ["sliding", 200, 100]))
+    inputs = partitions(records(0, 5_000), records(0, 1_275))
+    m = run_model(spec, inputs, bounded=False)
+    assert final_watermarks(spec, inputs) == {"a": 1_200}
+    # 1275's windows end at 1300 and 1400, 5000's later: open
+    assert sorted(m.outputs["w"]) == [
+        ("KeyedWindowResult", s, s + 200, "k", 2) for s in (-100, 0)]
+
+
+def test_a_stage_of_two_sources_has_the_lower_final_watermark():
+    spec = {"sources": [{"name": "a", "lag": 0}, {"name": "b", "lag": 0}],
+            "stages": [window("w", ["tumbling", 100], inputs=("a", "b"), keyed=False,
+                              ops=("count", "count"))]}
+    inputs = {"partitions": {"a": [records(10, 990)], "b": [records(150, 320)]}, "build": []}
+    m = run_model(spec, inputs, bounded=False)
+    assert m.final_watermark == {"a": 900, "b": 300, "w": 300}
+    assert sorted(m.outputs["w"]) == [("WindowResult", 0, 100, (1, 0)),
+                                      ("WindowResult", 100, 200, (0, 1))]
+
+
+def test_a_streaming_ttl_evicts_only_the_states_the_final_watermark_passed():
+    # final watermark 1300 (lag 0, step 50): k0 (last 1000) is evicted, k1 (last 1290) kept
+    spec = one_source(0, {"id": "ms", "kind": "map_stateful", "inputs": ["a"], "ttl": 100,
+                          "on_evict": True}, window("w", ["tumbling", 50]))
+    parts = [[(1000, "k0", 3, 0), (1290, "k1", 5, 1), (1300, "k2", 7, 2)]]
+    inputs = {"partitions": {"a": parts}, "build": []}
+    streamed = run_model(spec, inputs, bounded=False)
+    assert [x for x in streamed.outputs["ms"] if x[0] == "evicted"] == [("evicted", "k0", 1, 3)]
+    batch = run_model(spec, inputs)
+    assert sorted(x for x in batch.outputs["ms"] if x[0] == "evicted") == [
+        ("evicted", "k0", 1, 3), ("evicted", "k1", 1, 5), ("evicted", "k2", 1, 7)]
+
+
+def test_a_state_exactly_the_ttl_behind_the_final_watermark_is_kept():
+    spec = one_source(0, {"id": "ms", "kind": "map_stateful", "inputs": ["a"], "ttl": 100,
+                          "on_evict": True}, window("w", ["tumbling", 10]))
+    m = run_model(spec, partitions([(1000, "k0", 1, 0), (1100, "k1", 1, 1)]), bounded=False)
+    assert not [x for x in m.outputs["ms"] if x[0] == "evicted"]
+
+
+def test_a_batch_aggregation_emits_nothing_in_a_stream():
+    spec = one_source(0, {"id": "g", "kind": "aggregate", "inputs": ["a"], "op": "count",
+                          "keyed": False})
+    assert run_model(spec, partitions(records(1, 2)), bounded=False).outputs["g"] == []
+    assert run_model(spec, partitions(records(1, 2))).outputs["g"] == [2]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_streaming_run_is_a_bounded_one_without_what_the_end_of_the_stream_flushes(data):
+    """Streaming and bounded runs judge the same events late and leave the same things open;
+    streaming emits a part of each window stage's results and of the evictions, and the
+    rest as is."""
+    spec = data.draw(specs())
+    inputs = data.draw(inputs_for(spec))
+    batch, streamed = run_model(spec, inputs), run_model(spec, inputs, bounded=False)
+    assert streamed.late == batch.late
+    assert streamed.indeterminate == batch.indeterminate
+    for s in spec["stages"]:
+        got, full = Counter(streamed.outputs[s["id"]]), Counter(batch.outputs[s["id"]])
+        if s["kind"] == "aggregate":
+            assert not got
+        elif s["kind"] == "window" or (s["kind"] == "map_stateful" and s["on_evict"]):
+            assert not got - full
+            wm = streamed.final_watermark[s["id"]]
+            if s["kind"] == "window":
+                assert all(r[2] <= wm for r in got) and all(r[2] > wm for r in full - got)
+            else:
+                assert all(r[0] == "evicted" for r in full - got)
+        else:
+            assert got == full
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_streaming_specs_have_no_batch_aggregation(data):
+    spec = data.draw(specs(streaming=True))
+    assert all(s["kind"] != "aggregate" for s in spec["stages"])
