@@ -548,6 +548,10 @@ class Translator:
             if tops:
                 lag = policy_factory().lag
                 cut = throttle(min(ts for _, ts in tops) - lag, step or 1)
+                if len(tops) < stamped.base.getNumPartitions():
+                    # a partition read nothing of holds a streaming job's watermark back: none
+                    # of the windows closes here, all of them go on in the hand-off
+                    cut = NO_WATERMARK
                 self.cuts.append(cut)
                 stamped.partition_lag = (lag, step)
             stamped.cut = cut
