@@ -19,7 +19,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from reference.generate import model_of, scenarios
+from reference.generate import model_of, scenarios, skewed_partitions
 from reference.model import expected_run
 from reference.result import difference
 from reference.runners import RUNTIMES, Runtime, run_on_member, run_on_member_items
@@ -75,8 +75,7 @@ def skewed_backlog() -> tuple[dict, dict]:
     """Six partitions after downtime, each 10 s of event time behind the previous one, with
     disorder within the lag: under one watermark over all of them, every record read after a
     later partition's would be late."""
-    parts = [[(50_000 - p * 10_000 + 20 * i - (7 * i) % 60, f"k{p}", i % 10, 100 * p + i)
-              for i in range(60)] for p in range(6)]
+    parts = skewed_partitions(6, 60, 50_000, 10_000)
     spec = {"sources": [{"name": "a", "lag": 60}],
             "stages": [{"id": "w", "kind": "window", "inputs": ["a"],
                         "window": ["sliding", 1_000, 500], "keyed": True, "ops": ["count_sum"],

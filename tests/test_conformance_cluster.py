@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
+from reference.generate import skewed_partitions
 from reference.process_runtimes import (
     cluster_expected, cluster_scenarios, functions_by_value, run_on_cluster,
 )
@@ -60,8 +61,7 @@ def test_a_three_member_cluster_emits_what_the_model_says(three: ClusterProcesse
 def skewed_backlog() -> tuple[dict, dict]:
     """Six partitions after downtime, 10 s of event time apart, disorder within the lag, keyed
     and unkeyed windows, a rolling max and a co-aggregation: two partitions on each member."""
-    parts = [[(50_000 - p * 10_000 + 20 * i - (7 * i) % 60, f"k{p}", i % 10, 100 * p + i)
-              for i in range(80)] for p in range(6)]
+    parts = skewed_partitions(6, 80, 50_000, 10_000)
     spec = {"sources": [{"name": "a", "lag": 60}],
             "stages": [{"id": "w", "kind": "window", "inputs": ["a"],
                         "window": ["sliding", 1_000, 500], "keyed": True, "ops": ["count_sum"],

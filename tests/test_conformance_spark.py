@@ -63,7 +63,7 @@ from hypothesis.errors import InvalidArgument
 from jetwake import Member
 from jetwake.engine.core.partitioning import partition_of
 
-from reference.generate import model_of, scenarios
+from reference.generate import model_of, scenarios, skewed_partitions
 from reference.kafka_runtimes import (
     KafkaEnv, a_dropped_record_moved_the_watermark, a_partition_unread_at_the_split,
     backfill_cannot_match, comparable,
@@ -216,8 +216,7 @@ def skewed_backlog() -> tuple[dict, dict]:
     """Five partitions after downtime, each 4 s of event time behind the previous one, with
     disorder within the lag: under one watermark over all of them, every record read after a
     later partition's would be late."""
-    parts = [[(30_000 - p * 4_000 + 20 * i - (7 * i) % 60, f"k{p}", i % 10, 100 * p + i)
-              for i in range(40)] for p in range(5)]
+    parts = skewed_partitions(5, 40, 30_000, 4_000)
     spec = {"sources": [{"name": "a", "lag": 60}],
             "stages": [{"id": "w", "kind": "window", "inputs": ["a"],
                         "window": ["sliding", 1_000, 500], "keyed": True, "ops": ["count_sum"],

@@ -110,7 +110,7 @@ class SourceEventTime:
 
     # --- items -------------------------------------------------------------------------------
 
-    def add_batch(self, runs: list[tuple[Hashable, list]], now: float | None = None) -> int:
+    def add_batch(self, runs: list[tuple[Hashable, list]], now: float | None = None) -> None:
         """Takes one fetch of records, as runs of ``(partition, items)`` in offset order per
         partition (see :meth:`add_items`). Every partition of the fetch counts as active
         before any run moves the watermark, so that a partition that had been quiet is not
@@ -121,7 +121,8 @@ class SourceEventTime:
             p = self.partitions.get(partition)
             if p is not None:
                 p.seen = now
-        return sum(self.add_items(partition, items, now) for partition, items in runs)
+        for partition, items in runs:
+            self.add_items(partition, items, now)
 
     def _first_delivery(self, now: float) -> None:
         """At the first record of any partition, the partitions not read yet start their
@@ -134,10 +135,10 @@ class SourceEventTime:
                 if p.top == NO_WATERMARK:
                     p.seen = now
 
-    def add_items(self, partition: Hashable, items: list, now: float | None = None) -> int:
+    def add_items(self, partition: Hashable, items: list, now: float | None = None) -> None:
         """Takes ``partition``'s next items (plain items, or ``(timestamp, item)`` pairs when
         the time is native) into the pending output as timestamped values, with the
-        watermarks they advance; returns how many went out as data."""
+        watermarks they advance."""
         stamped, tss, bad = self.reader.read(items)
         if bad:
             self.metrics["bad_timestamps"] += len(bad)
@@ -150,7 +151,7 @@ class SourceEventTime:
             p = self.partitions[partition]
         p.seen = now
         if not stamped:
-            return 0
+            return
         cap = self._others_low(partition, p.seen)
         before = self.last
         if cap is None:  # another active partition has no record yet: nothing is known
@@ -166,7 +167,6 @@ class SourceEventTime:
             if self.last == before:
                 # tell the coalescers downstream that this input is active again
                 self.pending.append((CONTROL, Watermark(self.last)))
-        return len(stamped)
 
     def _others_low(self, partition: Hashable, now: float) -> int | None:
         """The lowest watermark of the active partitions other than ``partition`` (NO_CAP:

@@ -27,7 +27,17 @@ from .model import ModelResult, is_determinate, record_times, run_model
 from .spec import COMBINING_OPS, ORDER_FREE_OPS, Inputs, Spec, check_spec
 
 __all__ = ["scenarios", "specs", "inputs_for", "repair", "build_pipeline", "engine_op",
+           "skewed_partitions",
            "model_of", "out_label", "late_label", "SourceFactory", "SinkFactory"]
+
+def skewed_partitions(partitions: int, per_partition: int, newest: int,
+                      apart: int) -> list[list[tuple]]:
+    """Records ``(ts, key, value, seq)`` of ``partitions`` partitions after downtime: partition
+    ``p`` starts ``p * apart`` ms behind ``newest``, 20 ms a record, each up to 59 ms out of
+    order (within a lag of 60), keyed by its partition (as a keyed topic's)."""
+    return [[(newest - p * apart + 20 * i - (7 * i) % 60, f"k{p}", i % 10, 100 * p + i)
+             for i in range(per_partition)] for p in range(partitions)]
+
 
 SourceFactory = Callable[[str, list], Any]
 """``(source name, its partitions' records) -> jetwake Source``."""
