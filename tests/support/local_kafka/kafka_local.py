@@ -254,8 +254,14 @@ def validate_broker_config(config: dict[str, object] | None) -> dict[str, str]:
 
 
 def _cluster_id() -> str:
-    """A Kafka cluster id: a random UUID, base64url without padding (22 characters)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id: a random UUID, base64url without padding (22 characters), never
+    starting with '-': the storage tool's argument parser would read such an id as an option
+    ("argument --cluster-id/-t: expected one argument"; Kafka's own Uuid.randomUuid redraws
+    those too)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _server_properties(node_id: int, port: int, controller_port: int, voters: str,
