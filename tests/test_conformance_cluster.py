@@ -9,10 +9,9 @@ so the model used is ``run_cluster_model``: no watermark is fixed by one partiti
 every verdict must hold for any watermark up to the partition's own, and no event is
 determinately late (the inputs are repaired against that model).
 
-Two engine bugs this suite found are fixed and kept as tests below (the last frame of a
-two-stage window behind a source that fell idle, and a keyless aggregate's result per
-member); ``Job.metrics()`` answering with the coordinator's share on a cluster is kept as a
-strict xfail.
+Three engine bugs this suite found are fixed and kept as tests below (the last frame of a
+two-stage window behind a source that fell idle, a keyless aggregate's result per member, and
+``Job.metrics()`` answering with the coordinator's share only).
 
 A small budget by default (the cluster start dominates); ``JETWAKE_CONFORMANCE_EXAMPLES=N``
 (``make conformance``) for a thorough run.
@@ -109,11 +108,6 @@ def test_a_keyless_aggregate_on_three_members_emits_one_result(three: ClusterPro
     assert_conforms_on(three, spec, inputs, order="round_robin", batch=1, via=0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Job.metrics() on a cluster answers with the coordinator's processors only "
-    "(JobCoordinator.metrics: 'Counts are this member's'), not summed over the members as "
-    "Jet's Job.getMetrics() is: a late_events or items count of a stage spread over three "
-    "members misses the other two members' share"))
 def test_job_metrics_on_a_cluster_sum_every_members_processors(three: ClusterProcesses):
     from jetwake import AggregateOperations, JobConfig, Pipeline, Sinks, Sources
 
@@ -130,3 +124,33 @@ def test_job_metrics_on_a_cluster_sum_every_members_processors(three: ClusterPro
         metrics = job.metrics()
     assert sum(v.get("items_out", 0) for k, v in metrics.items()
                if k.startswith("count") and not k.endswith("accumulate")) == len(keys)
+
+
+def test_job_metrics_of_a_running_cluster_job_sum_every_members_processors(
+        three: ClusterProcesses):
+    from jetwake import AggregateOperations, JobConfig, Pipeline, Sinks
+    from jetwake.connectors.generated_sources import TestSources
+
+    from reference.functions import key_of
+    from waiting import wait_until
+    keys = [f"k{i}" for i in range(60)]  # spread over the members' partitions
+    # after its items the source waits for a snapshot, not due for an hour: the job runs on
+    items = [(0, k, 1, i) for i, k in enumerate(keys)] + [TestSources.WAIT_FOR_SNAPSHOT()]
+    p = Pipeline()
+    (p.read_from(TestSources.items(items))
+     .group_by(key_of).rolling_aggregate(AggregateOperations.counting()).set_name("rolling")
+     .write_to(Sinks.noop()))
+
+    def rolled() -> float:
+        return sum(v.get("items_out", 0) for k, v in job.metrics().items()
+                   if k.startswith("rolling"))
+    with three.members[0].client() as client:
+        with functions_by_value():
+            job = client.new_job(p, JobConfig(processing_guarantee="at_least_once",
+                                              snapshot_interval_ms=3_600_000))
+        try:
+            wait_until(lambda: rolled() == len(keys), what="every member's rolling counts",
+                       timeout=60)
+            assert job.status.value == "RUNNING"
+        finally:
+            job.cancel()

@@ -18,37 +18,28 @@ runs ``N`` examples of the member's tests and ``N // 3`` of each Spark test.
 
 What is not compared, and why
 -----------------------------
-By design (docs/backfill.md says why):
+*Early window results* (``early_results_period``, emitted on wall-clock time): a backfill
+closes each window in one step and emits its final result only (docs/backfill.md). The specs
+have none.
 
-- *Early window results* (``early_results_period``, emitted on wall-clock time): a backfill
-  closes each window in one step and emits its final result only. The specs have none.
-- *Late events at a ``map_stateful`` ttl over Kafka* (``late_at_a_ttl_stage``): the backfill
-  judges no Kafka record late at a ttl stage and keeps it, where the member, on a topic of one
-  partition, drops a record more than the ttl behind the watermark (and so the key's state and
-  what follows differ). Scenarios where the model has such a late event are not drawn for the
-  Spark runtimes; the member's Kafka runtime is checked on them.
+Already outside what the model determines, so nothing is excluded for them: ``merge`` /
+co-aggregation of two timestamped inputs, where the backfill judges no event late (the model
+calls an event beyond the lag there late or on time only when every watermark the member
+could have had agrees, and on time is then the only determinate answer).
 
-Already outside what the model determines, so nothing is excluded for them: a ttl evicting at
-the record's own partition's watermark rather than the member's lowest over the partitions,
-and ``merge`` / co-aggregation of two timestamped inputs, where the backfill judges no event
-late (the model calls an event beyond the lag there late or on time only when every
-watermark the member could have had agrees, and on time is then the only determinate answer).
+Differences the suite found in the backfill, each fixed and kept below as a hand-written
+example (with a predicate that checks the example still has the shape):
 
-Differences found (backfill bugs, each kept as a strict xfail below and excluded from the
-drawn scenarios until fixed):
-
-- ``ttl_evicted_by_another_partition``: the backfill's ``map_stateful`` evicts a key of one
-  Kafka partition at the watermark another partition's record carries (one watermark per
-  Spark task of the keyed shuffle), above any watermark a member could have had.
+- ``ttl_evicted_by_another_partition``: ``map_stateful`` evicted a key of one Kafka partition
+  at the watermark of another partition's record (one watermark per Spark task of the keyed
+  shuffle), above any watermark a member could have had.
 - ``a_partition_unread_at_the_split``: a hand-off whose backfill read nothing of a partition
-  computed its watermark without that partition, so the streaming job found that partition's
-  records late. Fixed for a partition of a source that read others (the hand-off then closes
-  no window: the unread partition holds a streaming job's watermark back, and the test below
-  passes); still excluded for a whole source the backfill read nothing of beside one it read.
-- ``a_dropped_record_moved_the_watermark``: over Kafka the backfill computes the watermark a
-  window or ttl stage's records meet from the records that reach the stage, so a record a
-  stateless stage before it dropped does not move it: on a topic of one partition an event
-  the member finds late is on time, a state the member evicts is kept.
+  (or of a whole source) computed its watermark without it, so the streaming job found that
+  partition's records late.
+- ``a_dropped_record_moved_the_watermark``: the watermark a window or ttl stage met was
+  computed from the records that reached the stage, so a record a stateless stage before it
+  dropped did not move it, as it moves the member's source's.
+- ``late_at_a_ttl_stage``: a ttl stage over Kafka judged no record late.
 """
 
 from __future__ import annotations
@@ -65,8 +56,7 @@ from jetwake.engine.core.partitioning import partition_of
 
 from reference.generate import model_of, scenarios, skewed_partitions
 from reference.kafka_runtimes import (
-    KafkaEnv, a_dropped_record_moved_the_watermark, a_partition_unread_at_the_split,
-    backfill_cannot_match, comparable,
+    KafkaEnv, a_dropped_record_moved_the_watermark, a_partition_unread_at_the_split, comparable,
     late_at_a_ttl_stage, run_backfill_then_stream, run_on_member_kafka, run_on_spark, splits,
     ttl_evicted_by_another_partition,
 )
@@ -112,8 +102,8 @@ def several_partitions(scenario: tuple) -> bool:
                                for parts in scenario[1]["partitions"].values())
 
 
-def streaming_scenarios(excluding=backfill_cannot_match, **kw):
-    return scenarios(streaming=True, excluding=excluding, **kw).filter(several_partitions)
+def streaming_scenarios(**kw):
+    return scenarios(streaming=True, **kw).filter(several_partitions)
 
 
 def conforms(spec: dict, inputs: dict, run: RunResult) -> None:
@@ -166,7 +156,7 @@ def test_a_hand_off_of_an_input_that_keeps_to_the_lag_has_no_late_event(kafka_en
 
 
 @budget(5)
-@given(scenario=streaming_scenarios(excluding=None))
+@given(scenario=streaming_scenarios())
 def test_a_streaming_member_over_kafka_emits_what_the_model_says(stream_env, scenario):
     spec, inputs = scenario
     conforms(spec, inputs, run_on_member_kafka(spec, inputs, env=stream_env))
@@ -241,7 +231,7 @@ def test_a_skewed_backlog_handed_over_at_uneven_offsets_has_no_late_event(kafka_
     conforms(spec, inputs, run)
 
 
-# --- differences: backfill bugs ------------------------------------------------------------------
+# --- differences once found: backfill bugs ------------------------------------------------------------------
 
 def _two_keys_in_one_task() -> tuple[str, str]:
     """Two keys the backfill's keyed shuffle (2 partitions) gives the same Spark task."""
@@ -274,9 +264,6 @@ def test_the_member_keeps_a_slow_partitions_ttl_state_as_the_model_says(stream_e
     conforms(spec, inputs, run)
 
 
-@pytest.mark.xfail(strict=True, reason="backfill bug: map_stateful over several Kafka "
-                   "partitions evicts a key at another partition's watermark "
-                   "(connectors/spark/keyed.py map_stateful: one cur_wm per Spark task)")
 def test_the_backfill_keeps_a_slow_partitions_ttl_state(kafka_env):
     spec, inputs = ttl_of_a_slow_partition()
     conforms(spec, inputs, run_on_spark(spec, inputs, env=kafka_env))
@@ -327,36 +314,63 @@ def test_a_record_a_filter_drops_moves_the_members_watermark(stream_env):
     conforms(spec, inputs, run)
 
 
-@pytest.mark.xfail(strict=True, reason="backfill bug: over Kafka the watermark a window or ttl "
-                   "stage meets is computed after the stateless stages before it, so a dropped "
-                   "record does not move it (connectors/spark/translate.py "
-                   "_own_partition_watermarks)")
 def test_a_record_a_filter_drops_moves_the_backfills_watermark(kafka_env):
     spec, inputs = dropped_record()
     conforms(spec, inputs, run_on_spark(spec, inputs, env=kafka_env))
 
 
-def test_the_exclusions_are_the_named_cases():
-    """The predicates the Spark runtimes' scenarios exclude, on their own examples."""
-    spec, inputs = ttl_of_a_slow_partition()
-    assert backfill_cannot_match(spec, inputs) and not late_at_a_ttl_stage(spec, inputs)
+def late_at_a_ttl() -> tuple[dict, dict]:
+    """One partition, lag 0: the event at 1500 is more than the ttl (100) behind the watermark
+    2000 the record before it set, so the ttl stage finds it late."""
+    spec = {"sources": [{"name": "a", "lag": 0}],
+            "stages": [{"id": "ms", "kind": "map_stateful", "inputs": ["a"], "ttl": 100,
+                        "on_evict": True},
+                       {"id": "w", "kind": "window", "inputs": ["a"], "window": ["tumbling", 10],
+                        "keyed": False, "ops": ["count"], "late_sink": False}]}
+    inputs = {"partitions": {"a": [[(1000, "k", 1, 0), (2000, "k", 1, 1), (1500, "k", 1, 2),
+                                    (2100, "k", 1, 3)]]}, "build": []}
+    return spec, inputs
+
+
+def test_a_ttl_stage_over_kafka_judges_an_event_beyond_the_ttl_late_on_spark(kafka_env):
+    spec, inputs = late_at_a_ttl()
+    assert late_at_a_ttl_stage(spec, inputs)
+    run = run_on_spark(spec, inputs, env=kafka_env)
+    assert run.total_late == 2  # at the ttl stage and at the window
+    conforms(spec, inputs, run)
+
+
+def unread_source() -> tuple[dict, dict, dict]:
+    """Two sources co-aggregated in one window; the backfill reads all of ``a`` (up to 5000)
+    and nothing of ``b``, whose one record, at 1000, then comes to the streaming job."""
+    spec = {"sources": [{"name": "a", "lag": 0}, {"name": "b", "lag": 0}],
+            "stages": [{"id": "w", "kind": "window", "inputs": ["a", "b"],
+                        "window": ["tumbling", 100], "keyed": True, "ops": ["count", "count"],
+                        "late_sink": False}]}
+    inputs = {"partitions": {"a": [[(1000, "a", 1, 0), (5000, "a", 1, 1)]],
+                             "b": [[(1000, "a", 1, 2), (5000, "a", 1, 3)]]}, "build": []}
+    return spec, inputs, {"a": [2], "b": [0]}
+
+
+def test_a_hand_off_before_a_sources_first_record_closes_no_window_of_it(kafka_env):
+    spec, inputs, split = unread_source()
+    assert a_partition_unread_at_the_split(inputs, split)
+    run = run_backfill_then_stream(spec, inputs, split, env=kafka_env)
+    assert run.outputs["w"][("KeyedWindowResult", 1000, 1100, "a", (1, 1))] == 1
+    conforms(spec, inputs, run)
+
+
+def test_the_examples_have_the_shapes_they_are_named_for():
+    """Each hand-written example above has the shape of the difference it once showed, and a
+    near miss has not."""
+    assert ttl_evicted_by_another_partition(*ttl_of_a_slow_partition())
     spec, inputs, split = unread_partition()
-    assert not backfill_cannot_match(spec, inputs)
     assert a_partition_unread_at_the_split(inputs, split)
     assert not a_partition_unread_at_the_split(inputs, {"a": [0, 0]})
     assert not a_partition_unread_at_the_split(inputs, {"a": [1, 1]})
-    # one partition, an event more than the ttl behind the watermark: late at the ttl stage
-    spec = {"sources": [{"name": "a", "lag": 0}],
-            "stages": [{"id": "ms", "kind": "map_stateful", "inputs": ["a"], "ttl": 100,
-                        "on_evict": False},
-                       {"id": "w", "kind": "window", "inputs": ["a"], "window": ["tumbling", 10],
-                        "keyed": False, "ops": ["count"], "late_sink": False}]}
-    inputs = {"partitions": {"a": [[(1000, "k", 1, 0), (2000, "k", 1, 1), (1500, "k", 1, 2)]]},
-              "build": []}
-    assert late_at_a_ttl_stage(spec, inputs) and backfill_cannot_match(spec, inputs)
+    assert late_at_a_ttl_stage(*late_at_a_ttl())
     spec, inputs = dropped_record()
     assert a_dropped_record_moved_the_watermark(spec, inputs)
-    assert backfill_cannot_match(spec, inputs)
-    # the same records through a filter that keeps the one at 1000: nothing to exclude
+    # the same records through a filter that keeps the one at 1000
     spec["stages"][0]["fn"] = "none_on_7"
     assert not a_dropped_record_moved_the_watermark(spec, inputs)

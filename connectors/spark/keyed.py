@@ -70,7 +70,15 @@ def map_stateful(rows: Iterable[Row], create_fn: Callable, map_fn: Callable,
     ``map_fn(state, item)``); with a ttl a key's state is evicted once the watermark passes
     its last event time + ttl (``on_evict``'s result is emitted at that watermark), and at the
     end of a bounded run, after the watermark that follows its last event
-    (``last_watermark``, when known), every state is evicted, as when a finite stream ends."""
+    (``last_watermark``, when known), every state is evicted, as when a finite stream ends.
+
+    Over Kafka (not ``bounded``) each record carries the watermark of its own partition, and
+    the rows of several partitions come merged (``rows``' keys end with the Spark partition,
+    one per Kafka partition, and the record's index in it). A key's records all come from one
+    partition, so its state is evicted by its own partition's watermark only: before each of
+    its records, and for the keys not seen again at the lowest watermark over the partitions
+    this task has read (never above any key's own). A record more than the ttl behind its own
+    partition's watermark is late, as windows judge over Kafka."""
     evict_fn = call_with_arity(on_evict, 3) if on_evict is not None else None
     states: dict = {}
     last_ts: dict = {}
@@ -78,46 +86,66 @@ def map_stateful(rows: Iterable[Row], create_fn: Callable, map_fn: Callable,
     seq = 0
     cur_wm = None
     n_late = 0
+    expiring = ttl is not None and timestamped
+    part_wms: dict = {}  # over Kafka: the Spark partition -> its records' highest watermark
 
     def evict(wm: int) -> Iterator[tuple]:
         for k in expired_keys(heap, last_ts, ttl, wm):  # type: ignore[arg-type]
-            state = states.pop(k)
-            if evict_fn is not None:
-                r = evict_fn(state, k, wm)
-                if r is not None:
-                    yield "o", ((wm, wm, r) if timed else r)
+            yield from evicted(k, wm)
 
-    for _, e in rows:
+    def evicted(k: Any, wm: int) -> Iterator[tuple]:
+        state = states.pop(k)
+        if evict_fn is not None:
+            r = evict_fn(state, k, wm)
+            if r is not None:
+                yield "o", ((wm, wm, r) if timed else r)
+
+    for rk, e in rows:
         if timed:
             ts, wm, x = e
         else:
             ts = wm = None
             x = e
         k = key_fn(x) if key_fn is not None else None
-        if ttl is not None and timestamped:
-            if wm is not None and (cur_wm is None or wm > cur_wm):
-                cur_wm = wm
-                yield from evict(wm)
-            # over Kafka (not bounded) the watermark is the record's own partition's, which
-            # moves evictions only: whether the member found a record late depends on timing
-            if bounded and cur_wm is not None and ts < cur_wm - ttl:
+        if expiring and not bounded:
+            # a partition counts in the lowest from its first record (before it has a
+            # watermark): a key's state exists only after one of its partition's records
+            p = rk[-2]
+            if p not in part_wms:
+                part_wms[p] = _NO_WM
+        if expiring and wm is not None:
+            if bounded:  # one ordered input: its watermark is every key's
+                if cur_wm is None or wm > cur_wm:
+                    cur_wm = wm
+                    yield from evict(wm)
+            else:
+                if wm > part_wms[p]:
+                    part_wms[p] = wm
+                    low = min(part_wms.values())
+                    if cur_wm is None or low > cur_wm:
+                        cur_wm = low
+                        yield from evict(low)
+                if k in last_ts and last_ts[k] + ttl < wm:  # type: ignore[operator]
+                    del last_ts[k]
+                    yield from evicted(k, wm)
+            if ts < wm - ttl:  # type: ignore[operator]
                 n_late += 1
                 continue
         state = states.get(k, _MISSING)
         if state is _MISSING:
             state = states[k] = create_fn()
-            if ttl is not None and timestamped:
+            if expiring:
                 last_ts[k] = ts
                 seq += 1
                 heapq.heappush(heap, (ts + ttl, seq, k))
-        elif ttl is not None and timestamped and ts > last_ts[k]:
+        elif expiring and ts > last_ts[k]:
             last_ts[k] = ts
         r = map_fn(state, k, x) if key_fn is not None else map_fn(state, x)
         if r is not None:
             yield "o", ((ts, wm, r) if timed else r)
     if n_late:
         late(n_late)
-    if ttl is not None and timestamped:
+    if expiring:
         if bounded:
             if last_watermark is not None:
                 yield from evict(last_watermark)

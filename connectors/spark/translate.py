@@ -98,7 +98,6 @@ class StageOut:
     def __init__(self, chunks: Any, *, timed: bool = False, timestamped: bool = False,
                  ordered: bool = False, kafka: bool = False, cut: int | None = None,
                  last_watermark: int | None = None,
-                 partition_lag: tuple[int, int] | None = None,
                  chain: tuple = (), local: list | None = None,
                  columns: Any = None) -> None:
         self.base = chunks
@@ -117,16 +116,12 @@ class StageOut:
         # a bounded input read in order: the watermark after its last event (what the member's
         # watermark stage emits before the end of the stream), when known
         self.last_watermark = last_watermark
-        # Kafka, each Spark partition one Kafka partition in offset order: the (lag, step) of
-        # the watermark its records meet on their own partition
-        self.partition_lag = partition_lag
         self._chunks: Any = None
 
     def flags(self) -> dict[str, Any]:
         """What this output says of its elements, for another output of the same elements."""
         return dict(timed=self.timed, timestamped=self.timestamped, ordered=self.ordered,
-                    kafka=self.kafka, cut=self.cut, last_watermark=self.last_watermark,
-                    partition_lag=self.partition_lag)
+                    kafka=self.kafka, cut=self.cut, last_watermark=self.last_watermark)
 
     def then(self, step: Step, **flags: Any) -> "StageOut":
         """This output with one more chain step (a stateless stage, or counting)."""
@@ -532,30 +527,39 @@ class Translator:
         step = t.watermark_step(self.pipeline.transforms)
         policy_factory = t.policy_factory
         if up.kafka:
-            # the hand-off watermark: every partition's highest time, less the lags, at the
-            # slowest partition (what the streaming job's watermark is after reading as far)
-            stamped = StageOut(up.then((stamp_chunk, None)).chunks(counters).persist(),
-                               timestamped=True, kafka=True)
+            # each record with the watermark of its own partition from every record before it
+            # (a record a later stage drops moves it, as in the member's source); capped below
+            # at the hand-off watermark once every partition's highest time is known
+            lag = policy_factory().lag
+
+            def own(it: Iterator) -> Iterator:
+                top = NO_WATERMARK
+                for chunk in it:
+                    tss, xs = read_times(chunk)
+                    if tss:
+                        wms, top = watermarks_before(tss, top, lag, step)
+                        yield list(zip(tss, wms, xs))
+            stamped = up.chunks(counters).mapPartitions(own, preservesPartitioning=True) \
+                .persist()
 
             def top(i: int, it: Iterator) -> Iterator:
                 best = max((e[0] for chunk in it for e in chunk), default=None)
                 if best is not None:
                     yield i, best
-            tops = stamped.base.mapPartitionsWithIndex(top).collect()
+            tops = stamped.mapPartitionsWithIndex(top).collect()
             if t.runs_in_source(self.pipeline.transforms):
                 self._source_tops(t.upstream[0], tops)  # type: ignore[arg-type]
-            cut = None
-            if tops:
-                lag = policy_factory().lag
+            # the hand-off watermark: every partition's highest time, less the lag, at the
+            # slowest partition (what the streaming job's watermark is after reading as far);
+            # a partition read nothing of holds it back, as it holds a streaming job's: none
+            # of the windows closes here, all of them go on in the hand-off
+            cut = NO_WATERMARK
+            if tops and len(tops) == stamped.getNumPartitions():
                 cut = throttle(min(ts for _, ts in tops) - lag, step or 1)
-                if len(tops) < stamped.base.getNumPartitions():
-                    # a partition read nothing of holds a streaming job's watermark back: none
-                    # of the windows closes here, all of them go on in the hand-off
-                    cut = NO_WATERMARK
-                self.cuts.append(cut)
-                stamped.partition_lag = (lag, step)
-            stamped.cut = cut
-            return stamped
+            self.cuts.append(cut)
+            return StageOut(stamped.map(lambda chunk: _capped(chunk, cut),
+                                        preservesPartitioning=True),
+                            timestamped=True, kafka=True, cut=cut)
         if not up.ordered or policy_factory().is_real_time:
             return up.then((stamp_chunk, None), timed=True, timestamped=True)
         # the watermark before each item, as the member's one processor reading the source in
@@ -740,8 +744,6 @@ class Translator:
     def _MapStatefulTransform(self, t: MapStatefulTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         counters, timed = self.counters, up.timed
-        if t.ttl is not None and up.partition_lag is not None and up.cut is not None:
-            up = self._own_partition_watermarks(up)
         args = (t.create_fn, t.map_fn, t.key_fn, up.timestamped, t.ttl, t.on_evict, t.name,
                 not up.kafka, up.cut, self.export_state, up.last_watermark)
 
@@ -757,32 +759,6 @@ class Translator:
         return StageOut(out, timed=timed, timestamped=up.timestamped, kafka=up.kafka,
                         cut=up.cut, last_watermark=up.last_watermark)
 
-    def _own_partition_watermarks(self, up: StageOut) -> StageOut:
-        """Kafka records with the watermark of their own partition (its highest time so far,
-        less the lag, per chunk or step as the member's source emits it), capped at the
-        hand-off watermark.
-
-        This is the highest watermark a member could have had when the record arrived: the
-        member's is the lowest over the partitions, never above the record's own partition's
-        nor above another partition's last (the lowest of which is the hand-off watermark).
-        So a record within the lag of its own partition is never late by it; on a topic of one
-        partition it is exactly the member's watermark; and where the member's verdict depends
-        on how far the other partitions were read, it is the verdict of the read order that is
-        furthest ahead. A ttl evicts as the partition's time moves on, not only at the end."""
-        assert up.partition_lag is not None  # a Kafka source's stage
-        (lag, step), cut = up.partition_lag, up.cut
-
-        def own(it: Iterator) -> Iterator:
-            top = NO_WATERMARK
-            for chunk in it:
-                if not chunk:
-                    continue
-                wms, top = watermarks_before([e[0] for e in chunk], top, lag, step)
-                yield [(ts, None if w is None else min(w, cut), x)
-                       for (ts, _, x), w in zip(chunk, wms)]
-        return StageOut(up.chunks(self.counters).mapPartitions(own, preservesPartitioning=True),
-                        timestamped=True, kafka=True, cut=cut)
-
     # --- windows -----------------------------------------------------------------------------
 
     def _WindowAggregateTransform(self, t: WindowAggregateTransform) -> StageOut:
@@ -796,10 +772,6 @@ class Translator:
         # an event arrived depends on how they interleaved, which a backfill cannot know: no
         # event is judged late (merge() drops the watermarks instead)
         judge_late = len(ups) == 1
-        if judge_late and ups[0].kafka and ups[0].partition_lag is not None \
-                and ups[0].cut is not None:
-            # Kafka records meet the watermark of their own partition, capped at the hand-off's
-            ups[0] = self._own_partition_watermarks(ups[0])
         wdef, ops, key_fns, name = t.wdef, t.ops, t.key_fns, t.name
         session = wdef.is_session
         slide, size, gap = wdef.slide, wdef.size, wdef.gap
@@ -995,6 +967,19 @@ def _watermark_unknown(chunk: list) -> list:
     partitions, no event is judged late (a co-aggregating window does not read them instead:
     ``frame_partials(judge_late=False)``)."""
     return [(t, None, x) for t, _, x in chunk]
+
+
+def _capped(chunk: list, cut: int) -> list:
+    """Kafka records with the watermark of their own partition capped at the hand-off
+    watermark ``cut``.
+
+    This is the highest watermark a member could have had when the record arrived: the
+    member's is the lowest over the partitions, never above the record's own partition's nor
+    above another partition's last (the lowest of which is the hand-off watermark). So a record
+    within the lag of its own partition is never late by it; on a topic of one partition it is
+    exactly the member's watermark; and where the member's verdict depends on how far the other
+    partitions were read, it is the verdict of the read order that is furthest ahead."""
+    return [(ts, None if w is None else (w if w < cut else cut), x) for ts, w, x in chunk]
 
 
 def _rows(columns: tuple) -> list:

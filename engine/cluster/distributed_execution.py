@@ -26,6 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 from jetwake.engine.core.errors import JetwakeError, RestartableError
+from jetwake.engine.execution.execution_metrics import Counts, summed
 from jetwake.snapshot.store.snapshot_store import (
     COMMIT_FILE, FORMAT_FRAMED, CommitRecord, SnapshotStore, write_atomically,
 )
@@ -39,6 +40,8 @@ log = logging.getLogger("jetwake.cluster")
 _CALL_MARGIN_S = 30.0
 # how often a wait for members' answers looks whether the execution still needs them
 _RECHECK_S = 0.25
+# how long Job.metrics() waits for a member's counts
+_METRICS_TIMEOUT_S = 5.0
 
 
 class MemberExecutionError(JetwakeError):
@@ -62,6 +65,8 @@ class DistributedExecution:
         self._on_end = on_end
         self._local_tasklets = local_tasklets
         self._remaining = set(members)
+        # member -> what its processors counted, sent with the end of its share
+        self._final_counts: dict[str, Counts] = {}
         self._lock = threading.Lock()
         self.cancelled = False
         self.error: BaseException | None = None
@@ -144,6 +149,26 @@ class DistributedExecution:
                 wait(list(pending.values()), min(left, _RECHECK_S), FIRST_COMPLETED)
         return {m: out[m] for m in futures}
 
+    def metrics(self) -> Counts:
+        """What the processors of every member counted, summed: a member whose share ended
+        sent its counts with the end; the others are asked now. A member that does not answer
+        (it is out of reach) is left out of the sum, which the log says."""
+        with self._lock:
+            parts = list(self._final_counts.values())
+            ask = [m for m in self.members if m not in self._final_counts
+                   and m in self._remaining]
+        futures = {m: self.submit(self._call, m, "exec.metrics", [self.exec_key],
+                                  _METRICS_TIMEOUT_S) for m in ask}
+        for m, r in self.gather(futures, _METRICS_TIMEOUT_S, "exec.metrics").items():
+            if isinstance(r, BaseException):
+                with self._lock:
+                    r = self._final_counts.get(m, r)  # it ended meanwhile
+                if isinstance(r, BaseException):
+                    log.warning("%s: metrics without member %s's share: %s", self.exec_key, m, r)
+                    continue
+            parts.append(r)
+        return summed(parts)
+
     def start(self) -> None:
         """Starts every member's share; a member that cannot start fails the execution."""
         for m, result in self.all_members("exec.start", [self.exec_key], 30.0).items():
@@ -199,6 +224,8 @@ class DistributedExecution:
         with self._lock:
             if member not in self._remaining:
                 return
+            if info.get("metrics") is not None:
+                self._final_counts[member] = info["metrics"]
             self._remaining.discard(member)
             if error is not None and self.error is None and not self.cancelled:
                 self.error = error

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import cloudpickle
 
 from jetwake.engine.core.errors import RestartableError, is_restartable_cause
+from jetwake.engine.execution.execution_metrics import Counts
 from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.execution.plan import PlanContext, build_tasklets
 from jetwake.engine.cluster.snapshot_data_topic import files_under
@@ -108,6 +109,7 @@ class ExecutionParticipant:
             "exec.init": self.init, "exec.start": self.start, "exec.snapshot": self.snapshot,
             "exec.phase1": self.phase1, "exec.phase2": self.phase2,
             "exec.cancel": self.cancel, "exec.forget_job": self.forget_job,
+            "exec.metrics": self.metrics,
         }
 
     def _get(self, exec_key: str) -> _LocalExecution:
@@ -258,6 +260,11 @@ class ExecutionParticipant:
             return
         ex.execution.cancel()
 
+    def metrics(self, exec_key: str) -> Counts:
+        """What this member's processors of an execution counted."""
+        ex = self._get(exec_key)
+        return {} if ex.execution is None else ex.execution.metrics()
+
     def forget_job(self, job_id: str) -> None:
         """The job ended for good: drops this member's copies of its snapshots."""
         remove = getattr(self.member.snapshot_store, "remove_local_job", None)
@@ -289,6 +296,7 @@ class ExecutionParticipant:
             "restartable": err is not None and (isinstance(err, RestartableError)
                                                 or is_restartable_cause(err)),
             "error_tasklet": execution.error_tasklet if execution is not None else None,
+            "metrics": execution.metrics() if execution is not None else None,
         }
         try:
             self._report(ex.coordinator, payload)

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
+from jetwake.engine.execution.execution_metrics import Counts, member_counts
 from jetwake.engine.execution.tasklet import DONE_STATE, NO_PROGRESS, ProcessorTasklet
 
 __all__ = ["ExecutionService", "Execution", "collect_less_often", "CPYTHON_GC_THRESHOLDS",
@@ -69,6 +70,10 @@ class Execution:
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    def metrics(self) -> Counts:
+        """What its processors counted (one member: all of them)."""
+        return member_counts(self.tasklets)
 
     def tasklet_ended(self, tasklet: ProcessorTasklet) -> None:
         try:

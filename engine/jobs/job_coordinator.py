@@ -30,7 +30,8 @@ from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.jobs.snapshot_history import SnapshotHistory
-from jetwake.engine.pipeline.fusion import StageMetrics, fused_stage_metrics, fused_stage_of
+from jetwake.engine.execution.execution_metrics import stage_counts, vertex_counts
+from jetwake.engine.pipeline.fusion import StageMetrics, fused_stage_of
 from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 from jetwake.snapshot.protocol.restore import restore_state
 from jetwake.snapshot.state.keyed_state import in_memory_state_factory
@@ -943,34 +944,19 @@ class JobCoordinator:
     def metrics(self) -> dict[str, dict[str, float]]:
         """Items in and out per vertex (with the other counters its processors keep), and per
         stateless stage fused into a vertex, by the stage's name: every stage the user wrote
-        is there, under its own name or as the vertex named after it. Counts are this
-        member's, for the current (or last) execution."""
-        out = self.vertex_metrics()
-        for stage, m in self.stage_metrics().items():
-            out[stage] = {"items_in": m.items_in, "items_out": m.items_out}
-        return out
+        is there, under its own name or as the vertex named after it. Counts are the current
+        (or last) execution's, on every member it runs on."""
+        execution = self._execution
+        return {} if execution is None else execution.metrics()
 
     def stage_metrics(self) -> dict[str, StageMetrics]:
         """Items in and out of each stateless stage fused into a vertex, summed over the
         processors that run it on this member."""
         execution = self._execution
-        if execution is None:
-            return {}
-        return fused_stage_metrics(s.transform for t in execution.tasklets
-                                   for s in t.outbound)
+        return {} if execution is None else stage_counts(execution.tasklets)
 
     def vertex_metrics(self) -> dict[str, dict[str, float]]:
         """Items in and out per vertex, summed over the vertex's processors on this member,
         with the other counters they keep in ``context.metrics``."""
         execution = self._execution
-        out: dict[str, dict[str, float]] = {}
-        if execution is None:
-            return out
-        for t in execution.tasklets:
-            m = out.setdefault(t.context.vertex_name, {"items_in": 0, "items_out": 0})
-            m["items_in"] += t.items_in
-            m["items_out"] += t.items_out
-            for k, v in t.context.metrics.items():
-                if isinstance(v, (int, float)):
-                    m[k] = m.get(k, 0) + v
-        return out
+        return {} if execution is None else vertex_counts(execution.tasklets)

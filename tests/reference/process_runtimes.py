@@ -23,10 +23,8 @@ Cluster (:func:`run_on_cluster`)
     :func:`cluster_scenarios` draws and repairs inputs against it. Under it no event is ever
     determinately late: the cluster conforms on outputs and on-time verdicts.
 
-    ``Job.metrics()`` on a cluster answers with one member's processors (the coordinator's;
-    ``JobCoordinator.metrics``: "Counts are this member's"), so ``late_counts`` here are that
-    member's share, not the sum over the members (tests/test_conformance_cluster.py keeps a
-    strict xfail for it). With every expected count 0 the comparison still holds.
+    ``Job.metrics()`` on a cluster sums every member's processors, so ``late_counts`` are
+    the whole cluster's.
 
 SIGKILL (:func:`run_with_kills`)
     One member process (tests/conformance_process.py) on a data directory runs the job with
