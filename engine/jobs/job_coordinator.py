@@ -30,8 +30,8 @@ from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.jobs.snapshot_history import SnapshotHistory
-from jetwake.engine.execution.execution_metrics import stage_counts, vertex_counts
-from jetwake.engine.pipeline.fusion import StageMetrics, fused_stage_of
+from jetwake.engine.execution.execution_metrics import StageMetrics, stage_counts, vertex_counts
+from jetwake.engine.pipeline.fusion import fused_stage_of
 from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 from jetwake.snapshot.protocol.restore import restore_state
 from jetwake.snapshot.state.keyed_state import in_memory_state_factory

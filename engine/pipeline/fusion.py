@@ -15,7 +15,7 @@ CPython a call or a queue hop per item costs more than the work of a typical sta
 
 - it counts the items each stage takes and gives, per chunk (``len`` of the lists, never per
   item), in one instance per upstream processor (``EdgeTransform.for_processor``); the job's
-  metrics show them under the stage's name (:func:`fused_stage_metrics`);
+  metrics show them under the stage's name (``execution_metrics.stage_counts``);
 - an exception raised by a stage's function gets a note naming the stage, its kind and the
   vertex it was fused into (:func:`fused_stage_of` reads it back), and keeps its traceback.
 """
@@ -29,8 +29,7 @@ from jetwake.engine.core.edge_transform import EdgeTransform
 from jetwake.engine.pipeline.event_time import adapt_to_timestamped, unwrap
 
 __all__ = ["FusedStep", "FusedChain", "stateless_function", "stateless_step",
-           "unwrap_step", "internal_step", "note_stage", "stage_of_note", "fused_stage_of",
-           "fused_stage_metrics"]
+           "unwrap_step", "internal_step", "note_stage", "stage_of_note", "fused_stage_of"]
 
 
 # --- the semantics, once -------------------------------------------------------------------
