@@ -12,7 +12,6 @@ Spark job starts, what Spark cannot run.
 
 from __future__ import annotations
 
-import logging
 import pickle
 from itertools import repeat
 from operator import itemgetter
@@ -23,31 +22,29 @@ from jetwake.engine.core.partitioning import partition_of
 from jetwake.engine.core.processor import BroadcastKey
 from jetwake.engine.operations.watermark_policy import NO_WATERMARK, throttle
 from jetwake.engine.pipeline.pipeline import Pipeline
+from jetwake.engine.pipeline.spark_form import NotOnSpark
 from jetwake.engine.pipeline.transforms import (
-    AggregateTransform, CustomTransform, DistinctTransform, HashJoinTransform,
-    MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
-    SideSinkTransform, SinkTransform, SortTransform, SourceTransform, StatelessTransform,
-    TimestampTransform, Transform, WindowAggregateTransform,
+    AggregateTransform, DistinctTransform, HashJoinTransform, MapStatefulTransform,
+    MergeTransform, RebalanceTransform, RollingAggregateTransform, SideSinkTransform,
+    SinkTransform, SortTransform, SourceTransform, StatelessTransform, TimestampTransform,
+    Transform, WindowAggregateTransform,
 )
 from jetwake.engine.processors.insert_watermarks import TimestampError
 from jetwake.engine.processors.sliding_window import composite_operation
-from jetwake.connectors.record_files import matching_files, read_records, warn_if_no_files
-from jetwake.connectors.spark import keyed
-from jetwake.connectors.spark.chunks import (
+from jetwake.engine.backfill import keyed
+from jetwake.engine.backfill.chunks import (
     CHUNK, Step, chunked, run_chain, stateless_chunk_function, watermarks_before,
 )
+from jetwake.engine.backfill.connector_forms import SparkReader, SparkWriter
+from jetwake.engine.backfill.stage_output import StageOut
 
 __all__ = ["check_pipeline", "Translator", "StageOut"]
 
 
-_SOURCES = ("items", "files", "parquet", "json_lines", "map", "kafka")
-_SINKS = ("files", "list", "map", "kafka", "noop", "logger")
-
-
 def check_pipeline(pipeline: Pipeline, member: Any) -> None:
-    """Fails with a PipelineError naming the stage when Spark cannot run ``pipeline``: a custom
-    processor stage, a source or sink without a Spark form, an unbounded source other than
-    Kafka, a member source or sink without ``member``."""
+    """Fails with a PipelineError naming the stage when Spark cannot run ``pipeline``: a stage
+    or a connector whose Spark form is :class:`NotOnSpark` (or a source or sink of the user's
+    own, which has none), a member source or sink without ``member``."""
     if not isinstance(pipeline, Pipeline):
         raise TypeError(f"SparkRunner.run() expects a Pipeline, got {type(pipeline).__qualname__}")
     if not pipeline.transforms:
@@ -55,117 +52,40 @@ def check_pipeline(pipeline: Pipeline, member: Any) -> None:
     if not pipeline.sinks():
         raise PipelineError("the pipeline has no sink: end it with write_to(sink)")
     for t in pipeline.transforms:
-        if isinstance(t, CustomTransform):
-            raise PipelineError(
-                f"stage {t.name!r} is a custom_transform: its processors run only on a "
-                "jetwake member, Spark cannot run them; express it with map/flat_map/"
-                "map_stateful or run the pipeline on a member")
-        if isinstance(t, SourceTransform):
-            spec = t.source.spec
-            if spec is None or spec.get("kind") not in _SOURCES:
-                kind = "unbounded " if t.source.is_stream else ""
-                raise PipelineError(
-                    f"source stage {t.name!r} ({kind}{t.source!r}) cannot be read by a "
-                    "backfill: Spark reads Sources.items, files, parquet, json_lines, map and "
-                    "kafka (bounded by until)")
-            if spec["kind"] == "map" and member is None:
-                raise PipelineError(f"source stage {t.name!r} reads a member's map: pass "
-                                    "member= (a Member or a Client) to run()")
-        if isinstance(t, SinkTransform):
-            spec = t.sink.spec
-            if spec is None or spec.get("kind") not in _SINKS:
-                raise PipelineError(
-                    f"sink stage {t.name!r} ({t.sink!r}) has no Spark form: a backfill writes "
-                    "to Sinks.files, list, map, kafka, noop and logger")
-            if spec["kind"] in ("list", "map") and member is None:
-                raise PipelineError(f"sink stage {t.name!r} writes into a member: pass "
-                                    "member= (a Member or a Client) to run()")
+        form = type(t).add_to_spark
+        if isinstance(form, NotOnSpark):
+            raise PipelineError(f"stage {t.name!r} is {form.reason}")
+        if isinstance(t, (SourceTransform, SinkTransform)):
+            _check_connector(t, member)
         if isinstance(t, WindowAggregateTransform) and t.wdef.is_session and len(t.ops) != 1:
             raise PipelineError(f"stage {t.name!r}: co-aggregation of session windows is not "
                                 "supported; use sliding or tumbling windows")
 
 
-class StageOut:
-    """A translated stage: an RDD of chunks, the chain of chunk functions still to run on them
-    (the stateless stages after it, and counting), and what is known of its elements.
-
-    ``timed``: elements are ``(ts, wm, item)`` (otherwise the items themselves);
-    ``timestamped``: that ``ts`` is the event time of ``with_timestamps``; ``ordered``: the
-    partitions in order are the member's arrival order; ``kafka``: bounded by ``until`` rather
-    than by its end; ``cut``: the hand-off watermark of its event time (kafka only).
-    """
-
-    def __init__(self, chunks: Any, *, timed: bool = False, timestamped: bool = False,
-                 ordered: bool = False, kafka: bool = False, cut: int | None = None,
-                 last_watermark: int | None = None,
-                 chain: tuple = (), local: list | None = None,
-                 columns: Any = None) -> None:
-        self.base = chunks
-        # the same chunks as (times, watermarks, items) lists, before the chain, when the
-        # watermark stage made them (a window stage reads them without building triples)
-        self.columns = columns
-        # the items of each partition, when the driver has them (a list read by a source and
-        # nothing changed them yet)
-        self.local = local
-        self.chain: tuple[Step, ...] = chain
-        self.timed = timed or timestamped
-        self.timestamped = timestamped
-        self.ordered = ordered
-        self.kafka = kafka
-        self.cut = cut
-        # a bounded input read in order: the watermark after its last event (what the member's
-        # watermark stage emits before the end of the stream), when known
-        self.last_watermark = last_watermark
-        self._chunks: Any = None
-
-    def flags(self) -> dict[str, Any]:
-        """What this output says of its elements, for another output of the same elements."""
-        return dict(timed=self.timed, timestamped=self.timestamped, ordered=self.ordered,
-                    kafka=self.kafka, cut=self.cut, last_watermark=self.last_watermark)
-
-    def then(self, step: Step, **flags: Any) -> "StageOut":
-        """This output with one more chain step (a stateless stage, or counting)."""
-        kw = dict(self.flags(), local=self.local if step[0] is None else None,
-                  columns=self.columns if step[0] is None else None)
-        kw.update(flags)
-        return StageOut(self.base, chain=self.chain + (step,), **kw)
-
-    def chunks(self, counters: Any) -> Any:
-        """The RDD of chunks with the chain applied (the same RDD on every call)."""
-        if self._chunks is None:
-            steps = self.chain
-            self._chunks = self.base if not steps else self.base.mapPartitions(
-                lambda it: run_chain(it, steps, counters), preservesPartitioning=True)
-        return self._chunks
-
-    def uncounted(self) -> Any:
-        """The chunks once more, for a pass that only looks (a maximum, a side output): the
-        chain runs without counting again what the stage's consumers count."""
-        if self._chunks is not None and not self.chain:
-            return self._chunks
-        steps = tuple((fn, None) for fn, _ in self.chain)
-        if not any(fn is not None for fn, _ in steps):
-            return self.base
-        return self.base.mapPartitions(lambda it: run_chain(it, steps, None),
-                                       preservesPartitioning=True)
-
-    def elements(self, counters: Any) -> Any:
-        """One RDD element per element."""
-        return self.chunks(counters).flatMap(_identity, preservesPartitioning=True)
-
-    def items(self, counters: Any) -> Any:
-        """One RDD element per item (times and watermarks taken off)."""
-        if not self.timed:
-            return self.elements(counters)
-        return self.chunks(counters).flatMap(_items_of, preservesPartitioning=True)
-
-
-def _identity(x: Any) -> Any:
-    return x
-
-
-def _items_of(chunk: list) -> list:
-    return [e[2] for e in chunk]
+def _check_connector(t: SourceTransform | SinkTransform, member: Any) -> None:
+    """Fails when the source or sink of ``t`` has no Spark reader or writer (its connector
+    says why with a NotOnSpark, or gives none: a connector of the user's own), or needs a
+    member and there is none."""
+    form: Any
+    wanted: type
+    if isinstance(t, SourceTransform):
+        form, place = t.source.spark, "Source(spark=...)"
+        wanted = SparkReader
+        what = f"source stage {t.name!r} ({'unbounded ' if t.source.is_stream else ''}" \
+               f"{t.source!r}) cannot be read by a backfill"
+        uses = "reads a member's map"
+    else:
+        form, place = t.sink.spark, "Sink(spark=...)"
+        wanted = SparkWriter
+        what = f"sink stage {t.name!r} ({t.sink!r}) has no Spark form"
+        uses = "writes into a member"
+    if not isinstance(form, wanted):
+        why = form.reason if isinstance(form, NotOnSpark) else \
+            f"its connector gives it no Spark {wanted.__name__[5:].lower()} ({place})"
+        raise PipelineError(f"{what}: {why}")
+    if form.needs_member and member is None:
+        raise PipelineError(f"{'source' if wanted is SparkReader else 'sink'} stage {t.name!r} "
+                            f"{uses}: pass member= (a Member or a Client) to run()")
 
 
 def _untimed(chunk: list) -> list:
@@ -186,24 +106,19 @@ def _outputs(it: Iterator) -> Iterator[list]:
 
 
 def read_source_bounds(pipeline: Pipeline, until: Any) -> dict[int, Any]:
-    """What each file and Kafka source of ``pipeline`` will read, found before Spark starts so
-    that a wrong path, a missing topic, brokers that do not answer or an ``until`` before the
-    start fail with their own message and no Spark session: by source transform id, the files
-    (``matching_files``) or the offset ranges (``offset_ranges``)."""
-    from jetwake.connectors.spark.kafka_io import offset_ranges
+    """What each source of ``pipeline`` will read (its reader's ``bounds``: the files, the
+    Kafka offset ranges), found before Spark starts so that a wrong path, a missing topic,
+    brokers that do not answer or an ``until`` before the start fail with their own message
+    and no Spark session; by source transform id."""
     bounds: dict[int, Any] = {}
     read: set[str] = set()  # the topics the Kafka sources read
     for t in pipeline.transforms:
         if not isinstance(t, SourceTransform):
             continue
-        spec = t.source.spec
-        assert spec is not None  # check_pipeline
-        kind = spec["kind"]
-        if kind in ("files", "parquet", "json_lines"):
-            bounds[id(t)] = matching_files(spec["pattern"], kind)
-        elif kind == "kafka":
-            bounds[id(t)] = offset_ranges(spec, until)
-            read.update(spec["topics"])
+        reader = t.source.spark
+        assert isinstance(reader, SparkReader)  # check_pipeline
+        bounds[id(t)] = reader.bounds(until)
+        read.update(reader.topics)
     if isinstance(until, dict):
         unknown = sorted(set(until) - read)
         if unknown:
@@ -230,7 +145,7 @@ class Translator:
         self.driver_state: list = []        # (vertex, key, value) known on the driver
         self.offsets: dict[str, dict[int, int]] = {}
         self.cuts: list[int] = []
-        self._kafka_offsets: dict[str, list] = {}  # source name -> its hand-off offsets
+        self._partition_tops: dict[str, Callable[[list], None]] = {}  # on_partition_tops
         self.window_stages = 0
         self.sink_counts: dict[str, int] = {}
         self._consumers: dict[int, int] = {}
@@ -315,17 +230,21 @@ class Translator:
     # --- building ----------------------------------------------------------------------------
 
     def build(self) -> None:
+        """Builds every stage's RDDs: each transform adds its own Spark form
+        (``Transform.add_to_spark``, which calls back one of the methods below)."""
         for t in self.pipeline.transforms:
-            if isinstance(t, SideSinkTransform):
-                continue  # fed by its owner's side output, written in run_sinks
-            if isinstance(t, SinkTransform):
-                continue
-            method = getattr(self, "_" + type(t).__name__)
-            self._out(t, method(t))
+            out = t.add_to_spark(self)
+            if out is not None:
+                self._out(t, out)
+
+    def sink(self, t: SinkTransform) -> None:
+        """A sink's Spark form: written by :meth:`run_sinks` once every stage is built (a side
+        output's sink is fed by its owner's late or bad events)."""
 
     def run_sinks(self) -> None:
-        """Starts one Spark job per sink (what a member writes runs on the driver, chunk by
-        chunk; the other sinks write inside the tasks)."""
+        """Starts one Spark job per sink, written by its connector's Spark writer (what a
+        member writes runs on the driver, chunk by chunk; the other sinks write inside the
+        tasks)."""
         for t in self.pipeline.transforms:
             if not isinstance(t, SinkTransform):
                 continue
@@ -338,108 +257,73 @@ class Translator:
                 rdd = up.chunks(self.counters)
                 if up.timed:
                     rdd = rdd.map(_untimed, preservesPartitioning=True)
-            self.sink_counts[t.name] = self._write(t, rdd)
+            writer = t.sink.spark
+            assert isinstance(writer, SparkWriter)  # check_pipeline
+            self.sink_counts[t.name] = writer.write(self, t, rdd)
 
     # --- sources -----------------------------------------------------------------------------
 
-    def _slices(self, n: int) -> int:
-        return max(1, min(self.partitions, n // 1000 or 1))
+    def source(self, t: SourceTransform) -> StageOut:
+        """A source's stage, as its connector's Spark reader reads it."""
+        reader = t.source.spark
+        assert isinstance(reader, SparkReader)  # check_pipeline
+        return reader.read(self, t, self.bounds.get(id(t)))
 
-    def _SourceTransform(self, t: SourceTransform) -> StageOut:
-        spec = t.source.spec
-        assert spec is not None  # check_pipeline
-        kind = spec["kind"]
-        sc = self.sc
-        if kind in ("items", "map"):
-            data = list(spec["items"]) if kind == "items" else \
-                list(self.member.get_map(spec["name"]).items())
-            slices = self._slices(len(data))
-            per = -(-len(data) // slices) if data else 1
-            parts = [data[s:s + per] for s in range(0, len(data), per)] or [[]]
-            # partition i holds slice i, items before i + 1's; each chunk pickled on its own
-            blobs = [[_dumps(c) for c in chunked(part)] for part in parts]
-            rdd = sc.parallelize(blobs, len(blobs)).flatMap(_loads_all,
-                                                            preservesPartitioning=True)
-            return StageOut(rdd, ordered=True, local=parts)
-        if kind in ("files", "parquet", "json_lines"):
-            pattern = spec["pattern"]
-            paths = self.bounds[id(t)]
-            warn_if_no_files(pattern, kind, paths)
-            if not paths:
-                return StageOut(sc.emptyRDD(), ordered=True)
-            encoding = spec.get("encoding", "utf-8")
+    def local_items(self, data: list) -> StageOut:
+        """A stage of items the driver holds (a list, a member's map), in order: up to a slice
+        per core, partition ``i`` holding slice ``i``, each chunk pickled on its own."""
+        slices = max(1, min(self.partitions, len(data) // 1000 or 1))
+        per = -(-len(data) // slices) if data else 1
+        parts = [data[s:s + per] for s in range(0, len(data), per)] or [[]]
+        blobs = [[_dumps(c) for c in chunked(part)] for part in parts]
+        rdd = self.sc.parallelize(blobs, len(blobs)).flatMap(_loads_all,
+                                                             preservesPartitioning=True)
+        return StageOut(rdd, ordered=True, local=parts)
 
-            def read(path: str) -> Iterator[list]:
-                if kind == "files":
-                    with open(path, encoding=encoding) as f:
-                        while True:
-                            lines = [line.rstrip("\r\n") for line in f.readlines(1 << 18)]
-                            if not lines:
-                                return
-                            yield lines
-                else:
-                    yield from chunked(read_records(path, kind))
-            def read_all(group: list) -> Iterator[list]:
-                for path in group:
-                    yield from read(path)
-            # a task per core, each reading a run of files in order: a Spark task costs about
-            # 35 ms of the JVM's and the worker's time, a file of a million words 0.2 s
-            groups = _file_groups(paths, self.partitions)
-            rdd = sc.parallelize(groups, len(groups)).flatMap(read_all,
-                                                              preservesPartitioning=True)
-            return StageOut(rdd, ordered=True)
-        # kafka: one Spark partition per Kafka partition, read by a consumer in the task
-        from jetwake.connectors.spark.kafka_io import read_range
-        ranges = self.bounds[id(t)]
-        for topic, _, p, _, end in ranges:
-            self.offsets.setdefault(topic, {})[p] = end
+    def file_runs(self, paths: list[str],
+                  read_path: Callable[[str], Iterator[list]]) -> StageOut:
+        """A stage of files read in order, ``read_path`` giving the chunks of one file: a task
+        per core, each reading a run of files of about the same bytes (a Spark task costs
+        about 35 ms of the JVM's and the worker's time, a file of a million words 0.2 s)."""
+        if not paths:
+            return StageOut(self.sc.emptyRDD(), ordered=True)
+
+        def read_all(group: list) -> Iterator[list]:
+            for path in group:
+                yield from read_path(path)
+        groups = _file_groups(paths, self.partitions)
+        rdd = self.sc.parallelize(groups, len(groups)).flatMap(read_all,
+                                                               preservesPartitioning=True)
+        return StageOut(rdd, ordered=True)
+
+    def task_counter(self) -> Callable[[str, int], None]:
+        """A function that adds to one of the run's counters from inside a Spark task."""
         counters = self.counters
 
         def count(key: str, n: int) -> None:
             if n:
                 counters.add({key: n})
-        rdd = sc.parallelize(ranges, max(1, len(ranges))).flatMap(
-            lambda r: read_range(r, spec, count), preservesPartitioning=True)
-        if self.export_state:
-            rdd = rdd.persist()
-            self._kafka_source_state(t, spec, ranges, rdd)
-        return StageOut(rdd, timed=True, kafka=True)
+        return count
 
-    def _kafka_source_state(self, t: SourceTransform, spec: dict, ranges: list,
-                            rdd: Any) -> None:
-        """The Kafka source's snapshot entry (``KafkaSourceProcessor.save_to_snapshot``): the
-        next offset of every partition. Each partition's highest event time is filled in by
-        the timestamp stage that runs in the source (:meth:`_source_tops`), if there is one."""
-        counts: dict = {}
-        for topic, _, p, _, _ in ranges:
-            counts[topic] = max(counts.get(topic, 0), p + 1)
-        offsets = [[topic, p, end, None] for topic, _, p, _, end in ranges]
-        self._kafka_offsets[t.name] = offsets
-        self.driver_state.append((t.name, BroadcastKey(("kafka-source", 0)),
-                                  {"offsets": offsets,
-                                   "counts": [[tp, n] for tp, n in counts.items()]}))
-
-    def _source_tops(self, source: SourceTransform, tops: list) -> None:
-        """Records each Kafka partition's highest event time (``tops``: ``(Spark partition,
-        time)`` pairs, one Spark partition per Kafka partition) in the source's hand-off entry,
-        so the streaming job resumes each partition's watermark where the backfill left it."""
-        offsets = self._kafka_offsets.get(source.name)
-        if offsets is None:
-            return
-        for i, ts in tops:
-            offsets[i][3] = ts
+    def on_partition_tops(self, source: SourceTransform,
+                          record: Callable[[list], None]) -> None:
+        """Has ``record`` called with the highest event time of each of the source's
+        partitions (``(Spark partition, time)`` pairs) when a timestamp stage runs inside the
+        source, so its hand-off entry resumes each partition's watermark where the backfill
+        left it."""
+        self._partition_tops[source.name] = record
 
     # --- stateless ---------------------------------------------------------------------------
 
-    def _StatelessTransform(self, t: StatelessTransform) -> StageOut:
+    def stateless(self, t: StatelessTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         fn = stateless_chunk_function(t.op, t.fn, up.timed, t.name)
         return up.then((fn, f"out:{t.name}"))
 
-    def _RebalanceTransform(self, t: RebalanceTransform) -> StageOut:
+    def rebalance(self, t: RebalanceTransform) -> StageOut:
         return self.outs[id(t.upstream[0])].then((None, None))
 
-    def _MergeTransform(self, t: MergeTransform) -> StageOut:
+    def merge(self, t: MergeTransform) -> StageOut:
         ups = [self.outs[id(u)] for u in t.upstream]
         timed = all(u.timed for u in ups)
         rdds = []
@@ -457,7 +341,7 @@ class Translator:
 
     # --- event time --------------------------------------------------------------------------
 
-    def _TimestampTransform(self, t: TimestampTransform) -> StageOut:
+    def timestamps(self, t: TimestampTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         fn, name = t.timestamp_fn, t.name
         if fn is None and not up.timed:
@@ -547,8 +431,9 @@ class Translator:
                 if best is not None:
                     yield i, best
             tops = stamped.mapPartitionsWithIndex(top).collect()
-            if t.runs_in_source(self.pipeline.transforms):
-                self._source_tops(t.upstream[0], tops)  # type: ignore[arg-type]
+            record = self._partition_tops.get(t.upstream[0].name)
+            if record is not None and t.runs_in_source(self.pipeline.transforms):
+                record(tops)
             # the hand-off watermark: every partition's highest time, less the lag, at the
             # slowest partition (what the streaming job's watermark is after reading as far);
             # a partition read nothing of holds it back, as it holds a streaming job's: none
@@ -600,7 +485,7 @@ class Translator:
 
     # --- keyed and aggregating ---------------------------------------------------------------
 
-    def _AggregateTransform(self, t: AggregateTransform) -> StageOut:
+    def aggregate(self, t: AggregateTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         op, key_fn = t.op, t.key_fn
         create, combine, finish = op.create, op.combine, op.finish
@@ -663,7 +548,7 @@ class Translator:
                                        or [finish(create())])
         return StageOut(self._results(res))
 
-    def _DistinctTransform(self, t: DistinctTransform) -> StageOut:
+    def distinct(self, t: DistinctTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         key_fn, timed = t.key_fn, up.timed
 
@@ -687,7 +572,7 @@ class Translator:
             self.state_rdds.append(firsts.map(lambda kv: (name, kv[0], True)))
         return StageOut(self._results(firsts.map(lambda kv: kv[1][1])))
 
-    def _SortTransform(self, t: SortTransform) -> StageOut:
+    def sort(self, t: SortTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         key, reverse, timed = t.key, t.reverse, up.timed
         rows = self._positions(up)
@@ -706,7 +591,7 @@ class Translator:
                                                else item(row), row[0]))
         return StageOut(self._results(ordered.map(item)), ordered=True)
 
-    def _HashJoinTransform(self, t: HashJoinTransform) -> StageOut:
+    def hash_join(self, t: HashJoinTransform) -> StageOut:
         stream = self.outs[id(t.upstream[0])]
         build = self.outs[id(t.upstream[1])]
         key_fn, bk, bv, join_fn, outer = (t.key_fn, t.build_key_fn, t.build_value_fn,
@@ -732,7 +617,7 @@ class Translator:
                         yield r
         return StageOut(self._results(s.cogroup(b, self.partitions).flatMap(join)))
 
-    def _RollingAggregateTransform(self, t: RollingAggregateTransform) -> StageOut:
+    def rolling_aggregate(self, t: RollingAggregateTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         op, key_fn, name, export, timed = t.op, t.key_fn, t.name, self.export_state, up.timed
         rows = self._by_key_sorted(up, key_fn)
@@ -741,7 +626,7 @@ class Translator:
         return StageOut(self._split(name, tagged), timed=timed, timestamped=up.timestamped,
                         kafka=up.kafka, cut=up.cut, last_watermark=up.last_watermark)
 
-    def _MapStatefulTransform(self, t: MapStatefulTransform) -> StageOut:
+    def map_stateful(self, t: MapStatefulTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         counters, timed = self.counters, up.timed
         args = (t.create_fn, t.map_fn, t.key_fn, up.timestamped, t.ttl, t.on_evict, t.name,
@@ -761,7 +646,7 @@ class Translator:
 
     # --- windows -----------------------------------------------------------------------------
 
-    def _WindowAggregateTransform(self, t: WindowAggregateTransform) -> StageOut:
+    def window_aggregate(self, t: WindowAggregateTransform) -> StageOut:
         ups = [self.outs[id(u)] for u in t.upstream]
         for u, up in zip(t.upstream, ups):
             if not up.timestamped:
@@ -859,95 +744,6 @@ class Translator:
             post = t.post
             results = results.map(lambda chunk: [y for r in chunk for y in post(r)])
         return StageOut(results, kafka=kafka, cut=wm)
-
-    def _CustomTransform(self, t: CustomTransform) -> StageOut:  # pragma: no cover
-        raise PipelineError(f"stage {t.name!r}: custom_transform cannot run on Spark")
-
-    # --- sinks -------------------------------------------------------------------------------
-
-    def _write(self, t: SinkTransform, chunks: Any) -> int:
-        """Writes the items of ``chunks`` (an RDD of lists of items) to the sink of ``t``."""
-        spec = t.sink.spec
-        kind = spec["kind"]  # type: ignore[index]
-        if kind == "files":
-            import os
-            directory, encoding = spec["directory"], spec["encoding"]  # type: ignore[index]
-            os.makedirs(directory, exist_ok=True)
-            # the files of an earlier run, which has had more tasks than this one writes, go:
-            # the directory holds this run's output only (each task writes file <its index>)
-            for name in os.listdir(directory):
-                if name.isdigit() and int(name) >= chunks.getNumPartitions():
-                    os.remove(os.path.join(directory, name))
-
-            def write(i: int, it: Iterator) -> Iterator:
-                n = 0
-                with open(os.path.join(directory, str(i)), "w", encoding=encoding) as f:
-                    for chunk in it:
-                        f.write("".join([f"{x}\n" for x in chunk]))
-                        n += len(chunk)
-                yield n
-            return chunks.mapPartitionsWithIndex(write).sum()
-        if kind == "kafka":
-            import uuid
-
-            from jetwake.connectors.spark.kafka_io import fence_transactions, write_partition
-            fmt = spec["format"]  # type: ignore[index]
-            txn = f"jetwake-backfill-{uuid.uuid4().hex[:12]}-{t.name}" \
-                if spec["exactly_once"] else None  # type: ignore[index]
-            try:
-                return chunks.mapPartitionsWithIndex(lambda i, it: [write_partition(
-                    i, it, fmt, f"{txn}-{i}" if txn else None)]).sum()
-            except BaseException:
-                if txn is not None:  # tasks Spark killed when the job failed left theirs open
-                    fence_transactions(fmt, [f"{txn}-{i}"
-                                             for i in range(chunks.getNumPartitions())])
-                raise
-        if kind == "noop":
-            return chunks.map(len).sum()
-        if kind == "logger":
-            to_string, level = spec["to_string"], spec["level"]  # type: ignore[index]
-
-            def log_all(it: Iterator) -> Iterator:
-                logger = logging.getLogger("jetwake.sink.logger")
-                n = 0
-                for chunk in it:
-                    for x in chunk:
-                        logger.log(level, to_string(x))
-                    n += len(chunk)
-                yield n
-            return chunks.mapPartitions(log_all).sum()
-        # a member's list or map: written through its API, chunk by chunk, in partition order
-        n = 0
-        if kind == "list":
-            target = self.member.get_list(spec["name"])  # type: ignore[index]
-            commit = getattr(target, "commit", None)
-            if commit is None:
-                raise PipelineError(f"sink stage {t.name!r}: the member's list "
-                                    f"{spec['name']!r} cannot be appended to through "  # type: ignore[index]
-                                    f"{type(self.member).__name__}")
-            # each chunk a commit of this run's writer: a request the client sends again
-            # (after a lost connection) is applied once
-            import uuid
-            writer = f"backfill-{uuid.uuid4().hex[:12]}-{t.name}"
-            for chunk in chunks.toLocalIterator(prefetchPartitions=True):
-                if chunk:
-                    n += len(chunk)
-                    commit(chunk, writer, n)
-            return n
-        target = self.member.get_map(spec["name"])  # type: ignore[index]
-        kf, vf, merge = spec["key_fn"], spec["value_fn"], spec["merge_fn"]  # type: ignore[index]
-        entries = chunks.map(lambda chunk: [(kf(x), vf(x)) for x in chunk] if kf is not None
-                             else [tuple(x) for x in chunk])
-        for chunk in entries.toLocalIterator(prefetchPartitions=True):
-            if not chunk:
-                continue
-            if merge is not None:
-                for k, v in chunk:
-                    target.merge(k, v, merge)
-            else:
-                target.put_all(chunk)
-            n += len(chunk)
-        return n
 
 
 class _EmptyMarker:

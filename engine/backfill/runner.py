@@ -26,10 +26,10 @@ from urllib.parse import urlparse
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.pipeline.pipeline import Pipeline
 from jetwake.engine.pipeline.transforms import SideSinkTransform
-from jetwake.connectors.spark.handoff import check_snapshot_name, write_snapshot
-from jetwake.connectors.spark.kafka_io import parse_until
-from jetwake.connectors.spark.task_failures import BackfillTaskError, spark_task_failure
-from jetwake.connectors.spark.translate import Translator, check_pipeline, read_source_bounds
+from jetwake.engine.backfill.handoff import check_snapshot_name, write_snapshot
+from jetwake.engine.backfill.until import parse_until
+from jetwake.engine.backfill.task_failures import BackfillTaskError, spark_task_failure
+from jetwake.engine.backfill.translate import Translator, check_pipeline, read_source_bounds
 
 __all__ = ["SparkRunner", "BackfillResult", "BackfillTaskError", "SparkMasterError",
            "EVERY_WINDOW_CLOSED", "LOCAL_DRIVER_JAVA_OPTIONS"]
