@@ -18,10 +18,9 @@ from typing import Any, Callable, Iterator
 from jetwake.engine.backfill.connector_forms import SparkReader, SparkWriter
 from jetwake.engine.backfill.stage_output import StageOut
 from jetwake.engine.core.errors import JetwakeError
-from jetwake.engine.core.processor import BroadcastKey
 from jetwake.connectors.kafka.serde import KafkaRecord
 from jetwake.connectors.kafka.client_log import with_client_log
-from jetwake.connectors.kafka.source import KafkaDeserializationError
+from jetwake.connectors.kafka.source import KafkaDeserializationError, KafkaSourceEntries
 
 __all__ = ["BackfillKafkaError", "KafkaSparkReader", "KafkaSparkWriter", "OffsetRange",
            "offset_ranges", "read_range", "write_partition"]
@@ -72,16 +71,14 @@ class KafkaSparkReader(SparkReader):
 
     @staticmethod
     def _hand_off_entry(backfill: Any, t: Any, ranges: list[OffsetRange]) -> None:
-        """The source's snapshot entry (``KafkaSourceProcessor.save_to_snapshot``): the next
+        """The source's snapshot entry (``KafkaSourceEntries``): the next
         offset of every partition, and each partition's highest event time once the
         timestamp stage that runs in the source has found it."""
         counts: dict = {}
         for topic, _, p, _, _ in ranges:
             counts[topic] = max(counts.get(topic, 0), p + 1)
         offsets = [[topic, p, end, None] for topic, _, p, _, end in ranges]
-        backfill.driver_state.append((t.name, BroadcastKey(("kafka-source", 0)),
-                                      {"offsets": offsets,
-                                       "counts": [[tp, n] for tp, n in counts.items()]}))
+        backfill.driver_state.append((t.name, *KafkaSourceEntries.offsets(0, offsets, counts)))
 
         def record(tops: list) -> None:  # one Spark partition per Kafka partition
             for i, ts in tops:

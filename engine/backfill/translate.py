@@ -19,7 +19,6 @@ from typing import Any, Callable, Iterator
 
 from jetwake.engine.core.errors import PipelineError
 from jetwake.engine.core.partitioning import partition_of
-from jetwake.engine.core.processor import BroadcastKey
 from jetwake.engine.operations.watermark_policy import NO_WATERMARK, throttle
 from jetwake.engine.pipeline.pipeline import Pipeline
 from jetwake.engine.pipeline.spark_form import NotOnSpark
@@ -29,7 +28,9 @@ from jetwake.engine.pipeline.transforms import (
     SinkTransform, SortTransform, SourceTransform, StatelessTransform, TimestampTransform,
     Transform, WindowAggregateTransform,
 )
+from jetwake.engine.processors.distinct import DistinctEntries
 from jetwake.engine.processors.insert_watermarks import TimestampError
+from jetwake.engine.processors.map_stateful import MapStatefulEntries
 from jetwake.engine.processors.sliding_window import composite_operation
 from jetwake.engine.backfill import keyed
 from jetwake.engine.backfill.chunks import (
@@ -569,7 +570,7 @@ class Translator:
             .reduceByKey(lambda a, b: a if a[0] <= b[0] else b, self.partitions)
         if self.export_state:
             name = t.name
-            self.state_rdds.append(firsts.map(lambda kv: (name, kv[0], True)))
+            self.state_rdds.append(firsts.map(lambda kv: (name, *DistinctEntries.seen(kv[0]))))
         return StageOut(self._results(firsts.map(lambda kv: kv[1][1])))
 
     def sort(self, t: SortTransform) -> StageOut:
@@ -639,8 +640,7 @@ class Translator:
                                                                   timed=timed))
         out = self._split(t.name, tagged)
         if self.export_state and up.kafka and up.cut is None:
-            self.driver_state.append((t.name, BroadcastKey("map-stateful-watermark"),
-                                      NO_WATERMARK))
+            self.driver_state.append((t.name, *MapStatefulEntries.watermark(NO_WATERMARK)))
         return StageOut(out, timed=timed, timestamped=up.timestamped, kafka=up.kafka,
                         cut=up.cut, last_watermark=up.last_watermark)
 
