@@ -67,7 +67,7 @@ class KafkaSparkReader(SparkReader):
         if backfill.export_state:
             rdd = rdd.persist()
             self._hand_off_entry(backfill, t, ranges)
-        return StageOut(rdd, timed=True, kafka=True)
+        return StageOut(rdd, timed=True, unbounded=True)
 
     @staticmethod
     def _hand_off_entry(backfill: Any, t: Any, ranges: list[OffsetRange]) -> None:

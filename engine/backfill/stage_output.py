@@ -15,12 +15,13 @@ class StageOut:
 
     ``timed``: elements are ``(ts, wm, item)`` (otherwise the items themselves);
     ``timestamped``: that ``ts`` is the event time of ``with_timestamps``; ``ordered``: the
-    partitions in order are the member's arrival order; ``kafka``: bounded by ``until`` rather
-    than by its end; ``cut``: the hand-off watermark of its event time (kafka only).
+    partitions in order are the member's arrival order; ``unbounded``: from a source that is
+    unbounded (Kafka), read up to the run's ``until``, its partitions side by side; ``cut``: the
+    hand-off watermark of its event time (unbounded only).
     """
 
     def __init__(self, chunks: Any, *, timed: bool = False, timestamped: bool = False,
-                 ordered: bool = False, kafka: bool = False, cut: int | None = None,
+                 ordered: bool = False, unbounded: bool = False, cut: int | None = None,
                  last_watermark: int | None = None,
                  chain: tuple = (), local: list | None = None,
                  columns: Any = None) -> None:
@@ -35,7 +36,7 @@ class StageOut:
         self.timed = timed or timestamped
         self.timestamped = timestamped
         self.ordered = ordered
-        self.kafka = kafka
+        self.unbounded = unbounded
         self.cut = cut
         # a bounded input read in order: the watermark after its last event (what the member's
         # watermark stage emits before the end of the stream), when known
@@ -45,7 +46,7 @@ class StageOut:
     def flags(self) -> dict[str, Any]:
         """What this output says of its elements, for another output of the same elements."""
         return dict(timed=self.timed, timestamped=self.timestamped, ordered=self.ordered,
-                    kafka=self.kafka, cut=self.cut, last_watermark=self.last_watermark)
+                    unbounded=self.unbounded, cut=self.cut, last_watermark=self.last_watermark)
 
     def then(self, step: Step, **flags: Any) -> "StageOut":
         """This output with one more chain step (a stateless stage, or counting)."""

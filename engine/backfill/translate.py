@@ -338,7 +338,7 @@ class Translator:
         cuts = [u.cut for u in ups if u.cut is not None]
         return StageOut(self.sc.union(rdds), timed=timed,
                         timestamped=all(u.timestamped for u in ups),
-                        kafka=any(u.kafka for u in ups), cut=min(cuts) if cuts else None)
+                        unbounded=any(u.unbounded for u in ups), cut=min(cuts) if cuts else None)
 
     # --- event time --------------------------------------------------------------------------
 
@@ -411,7 +411,7 @@ class Translator:
         # chunk of events instead of one per step of event time
         step = t.watermark_step(self.pipeline.transforms)
         policy_factory = t.policy_factory
-        if up.kafka:
+        if up.unbounded:
             # each record with the watermark of its own partition from every record before it
             # (a record a later stage drops moves it, as in the member's source); capped below
             # at the hand-off watermark once every partition's highest time is known
@@ -445,7 +445,7 @@ class Translator:
             self.cuts.append(cut)
             return StageOut(stamped.map(lambda chunk: _capped(chunk, cut),
                                         preservesPartitioning=True),
-                            timestamped=True, kafka=True, cut=cut)
+                            timestamped=True, unbounded=True, cut=cut)
         if not up.ordered or policy_factory().is_real_time:
             return up.then((stamp_chunk, None), timed=True, timestamped=True)
         # the watermark before each item, as the member's one processor reading the source in
@@ -625,13 +625,13 @@ class Translator:
         tagged = rows.mapPartitions(lambda it: keyed.rolling(it, op, key_fn, name, export,
                                                              timed))
         return StageOut(self._split(name, tagged), timed=timed, timestamped=up.timestamped,
-                        kafka=up.kafka, cut=up.cut, last_watermark=up.last_watermark)
+                        unbounded=up.unbounded, cut=up.cut, last_watermark=up.last_watermark)
 
     def map_stateful(self, t: MapStatefulTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         counters, timed = self.counters, up.timed
         args = (t.create_fn, t.map_fn, t.key_fn, up.timestamped, t.ttl, t.on_evict, t.name,
-                not up.kafka, up.cut, self.export_state, up.last_watermark)
+                not up.unbounded, up.cut, self.export_state, up.last_watermark)
 
         def late(n: int) -> None:
             counters.add({"late_events": n})
@@ -639,9 +639,9 @@ class Translator:
         tagged = rows.mapPartitions(lambda it: keyed.map_stateful(it, *args, late=late,
                                                                   timed=timed))
         out = self._split(t.name, tagged)
-        if self.export_state and up.kafka and up.cut is None:
+        if self.export_state and up.unbounded and up.cut is None:
             self.driver_state.append((t.name, *MapStatefulEntries.watermark(NO_WATERMARK)))
-        return StageOut(out, timed=timed, timestamped=up.timestamped, kafka=up.kafka,
+        return StageOut(out, timed=timed, timestamped=up.timestamped, unbounded=up.unbounded,
                         cut=up.cut, last_watermark=up.last_watermark)
 
     # --- windows -----------------------------------------------------------------------------
@@ -660,9 +660,9 @@ class Translator:
         wdef, ops, key_fns, name = t.wdef, t.ops, t.key_fns, t.name
         session = wdef.is_session
         slide, size, gap = wdef.slide, wdef.size, wdef.gap
-        kafka = any(u.kafka for u in ups)
+        unbounded = any(u.unbounded for u in ups)
         cuts = [u.cut for u in ups if u.cut is not None]
-        wm = min(cuts) if kafka and cuts else None
+        wm = min(cuts) if unbounded and cuts else None
         # a window stage's watermark: the frame the watermark is in (sliding), itself (session)
         cut = None if wm is None else (wm if session else wm - wm % slide)
         counters = self.counters
@@ -743,7 +743,7 @@ class Translator:
         if t.post is not None:
             post = t.post
             results = results.map(lambda chunk: [y for r in chunk for y in post(r)])
-        return StageOut(results, kafka=kafka, cut=wm)
+        return StageOut(results, unbounded=unbounded, cut=wm)
 
 
 class _EmptyMarker:
