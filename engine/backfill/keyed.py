@@ -34,7 +34,7 @@ from jetwake.engine.processors.map_stateful import (
 from jetwake.engine.processors.rolling_aggregate import RollingEntries, roll
 from jetwake.engine.backfill.chunks import CHUNK
 from jetwake.engine.processors.session_window import add_to_sessions
-from jetwake.engine.processors.sliding_window import accumulate_frames
+from jetwake.engine.processors.sliding_window import accumulate_frames, accumulate_windows
 from jetwake.engine.processors.window_entries import WindowEntries
 
 __all__ = ["rolling", "map_stateful", "frame_windows", "sessions", "sliding_no_combine",
@@ -278,27 +278,28 @@ def sliding_no_combine(rows: Iterable[Row], op: AggregateOperation, key_fn: Call
                        size: int, slide: int, cut: int | None, vertex: str,
                        export_state: bool) -> Iterator[tuple]:
     """Sliding windows of an operation without ``combine``: each event is accumulated into
-    every window holding it (the one-stage plan)."""
-    create, accumulate, finish = op.create, op.accumulate, op.finish
+    every window holding it (the one-stage plan, the processor's ``accumulate_windows``), a
+    chunk of rows at a time."""
+    finish = op.finish
     keyed = key_fn is not None
-    windows: dict = {}  # key -> {window end: acc}
-    for _, (t, _, x) in rows:
-        k = key_fn(x) if key_fn is not None else None
-        table = windows.get(k)
-        if table is None:
-            table = windows[k] = {}
-        f = t - t % slide
-        for e in range(f + slide, f + size + 1, slide):
-            acc = table.get(e, _MISSING)
-            table[e] = accumulate(create() if acc is _MISSING else acc, x)
-    for k, table in windows.items():
-        for e in sorted(table):
-            if cut is not None and e > cut:
-                if export_state:
-                    yield "s", (vertex, *WindowEntries.window(k, e, table[e]))
-                continue
-            r = finish(table[e])
-            yield "o", KeyedWindowResult(e - size, e, k, r) if keyed else WindowResult(e - size, e, r)
+    windows: dict = {}  # window end -> key -> acc
+    rows = iter(rows)
+    while True:
+        events = [(e[0], e[2]) for _, e in islice(rows, CHUNK)]
+        if not events:
+            break
+        accumulate_windows(windows, events, key_fn, slide, size, op.accumulate_grouped)
+    for e in sorted(windows):
+        table = windows[e]
+        if cut is not None and e > cut:
+            if export_state:
+                for k, acc in table.items():
+                    yield "s", (vertex, *WindowEntries.window(k, e, acc))
+            continue
+        for k, acc in table.items():
+            r = finish(acc)
+            yield "o", KeyedWindowResult(e - size, e, k, r) if keyed else \
+                WindowResult(e - size, e, r)
 
 
 def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callable | None,

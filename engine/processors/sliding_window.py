@@ -38,7 +38,7 @@ from jetwake.engine.processors.event_time_base import MISSING, EventTimeProcesso
 from jetwake.engine.processors.window_entries import WindowEntries
 
 __all__ = ["FrameAccumulateProcessor", "WindowCombineProcessor", "SlidingWindowProcessor",
-           "composite_operation", "accumulate_frames"]
+           "composite_operation", "accumulate_frames", "accumulate_windows"]
 
 
 # results are built with tuple.__new__, skipping the Python-level __new__ (one call per result)
@@ -87,6 +87,32 @@ def accumulate_frames(table_of: Callable[[int], dict], tss: list[int], xs: list,
     for f, items in items_by_frame(zip(tss, xs), slide).items():
         accumulate_grouped(table_of(f), map(key_fn, items) if key_fn is not None
                            else repeat(None, len(items)), items)
+
+
+def accumulate_windows(windows: dict[int, dict], events: Iterable[tuple[int, Any]],
+                       key_fn: Callable[[Any], Any] | None, slide: int, size: int,
+                       accumulate_grouped: Callable[[dict, Iterable, list], None]) -> None:
+    """The per-key step of sliding windows whose operation cannot combine, over a run of
+    ``(time, item)`` events: each item accumulated into its key's accumulator of every window
+    holding it (``size // slide`` windows), in ``windows`` (window end -> key -> acc), with one
+    ``accumulate_grouped`` call per window end. The member's processor and the Spark backfill
+    both accumulate with this."""
+    by_end: dict[int, tuple[list, list]] = {}
+    for t, x in events:
+        f = t - t % slide
+        k = key_fn(x) if key_fn is not None else None
+        for e in range(f + slide, f + size + 1, slide):
+            kb = by_end.get(e)
+            if kb is None:
+                by_end[e] = ([k], [x])
+            else:
+                kb[0].append(k)
+                kb[1].append(x)
+    for e, (keys, xs) in by_end.items():
+        table = windows.get(e)
+        if table is None:
+            table = windows[e] = {}
+        accumulate_grouped(table, keys, xs)
 
 
 class _WindowBase(EventTimeProcessor):
@@ -457,26 +483,8 @@ class SlidingWindowProcessor(_WindowBase):
             return
         items = self._split_late(inbox.drain())
         self._flush()
-        size, slide = self.size, self.slide
-        key_fn = self.key_fn
-        windows = self.windows
-        op = self.op
-        by_end: dict[int, tuple[list, list]] = {}
-        for t, x in items:
-            f = t - t % slide
-            k = key_fn(x) if key_fn is not None else None
-            for e in range(f + slide, f + size + 1, slide):
-                kb = by_end.get(e)
-                if kb is None:
-                    by_end[e] = ([k], [x])
-                else:
-                    kb[0].append(k)
-                    kb[1].append(x)
-        for e, (keys, xs) in by_end.items():
-            table = windows.get(e)
-            if table is None:
-                table = windows[e] = {}
-            op.accumulate_grouped(table, keys, xs)
+        accumulate_windows(self.windows, items, self.key_fn, self.slide, self.size,
+                           self.op.accumulate_grouped)
 
     def _emit_upto(self, limit: int) -> None:
         finish = self.op.finish
