@@ -8,34 +8,31 @@ key's items (rolling aggregates, ``map_stateful``, sessions, operations without 
 go item by item. Nothing is collected to the driver except what a sink into a member writes
 there and the state a hand-off snapshot holds. :func:`check_pipeline` refuses, before any
 Spark job starts, what Spark cannot run.
+
+The :class:`Translator` builds one run: each transform's ``add_to_spark`` calls its builder
+(its methods, the larger ones kept in ``event_time.py``, ``aggregations.py`` and
+``windows.py``), and each source's and sink's connector reads and writes through its own
+``SparkReader`` and ``SparkWriter`` (``connector_forms.py``).
 """
 
 from __future__ import annotations
 
 import pickle
-from itertools import repeat
-from operator import itemgetter
 from typing import Any, Callable, Iterator
 
 from jetwake.engine.core.errors import PipelineError
 from jetwake.engine.core.partitioning import partition_of
-from jetwake.engine.operations.watermark_policy import NO_WATERMARK, throttle
+from jetwake.engine.operations.watermark_policy import NO_WATERMARK
 from jetwake.engine.pipeline.pipeline import Pipeline
 from jetwake.engine.pipeline.spark_form import NotOnSpark
 from jetwake.engine.pipeline.transforms import (
-    AggregateTransform, DistinctTransform, HashJoinTransform, MapStatefulTransform,
-    MergeTransform, RebalanceTransform, RollingAggregateTransform, SideSinkTransform,
-    SinkTransform, SortTransform, SourceTransform, StatelessTransform, TimestampTransform,
-    Transform, WindowAggregateTransform,
+    MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
+    SideSinkTransform, SinkTransform, SourceTransform, StatelessTransform, Transform,
+    WindowAggregateTransform,
 )
-from jetwake.engine.processors.distinct import DistinctEntries
-from jetwake.engine.processors.insert_watermarks import TimestampError
 from jetwake.engine.processors.map_stateful import MapStatefulEntries
-from jetwake.engine.processors.sliding_window import composite_operation
-from jetwake.engine.backfill import keyed
-from jetwake.engine.backfill.chunks import (
-    CHUNK, Step, chunked, run_chain, stateless_chunk_function, watermarks_before,
-)
+from jetwake.engine.backfill import aggregations, event_time, keyed, windows
+from jetwake.engine.backfill.chunks import chunked, stateless_chunk_function
 from jetwake.engine.backfill.connector_forms import SparkReader, SparkWriter
 from jetwake.engine.backfill.stage_output import StageOut
 
@@ -146,7 +143,7 @@ class Translator:
         self.driver_state: list = []        # (vertex, key, value) known on the driver
         self.offsets: dict[str, dict[int, int]] = {}
         self.cuts: list[int] = []
-        self._partition_tops: dict[str, Callable[[list], None]] = {}  # on_partition_tops
+        self.partition_tops: dict[str, Callable[[list], None]] = {}  # on_partition_tops
         self.window_stages = 0
         self.sink_counts: dict[str, int] = {}
         self._consumers: dict[int, int] = {}
@@ -169,7 +166,7 @@ class Translator:
         self.outs[id(t)] = out
         return out
 
-    def _split(self, name: str, tagged: Any) -> Any:
+    def split(self, name: str, tagged: Any) -> Any:
         """The chunks of a stateful stage's output from its tagged records, keeping its state
         records for the hand-off."""
         if self.export_state:
@@ -177,7 +174,7 @@ class Translator:
             self.state_rdds.append(tagged.filter(_is_state).map(_value))
         return tagged.mapPartitions(_outputs, preservesPartitioning=True)
 
-    def _positions(self, up: StageOut) -> Any:
+    def positions(self, up: StageOut) -> Any:
         """``((partition, index), element)`` per element: its position in the source order."""
         def pos(i: int, it: Iterator) -> Iterator:
             j = 0
@@ -187,7 +184,7 @@ class Translator:
                     j += 1
         return up.chunks(self.counters).mapPartitionsWithIndex(pos)
 
-    def _by_key_sorted(self, up: StageOut, key_fn: Callable[[Any], Any] | None) -> Any:
+    def by_key_sorted(self, up: StageOut, key_fn: Callable[[Any], Any] | None) -> Any:
         """Each key's elements in one partition, in the order a member's processor for the key
         would get them; keys placed by jetwake's own partitioning.
 
@@ -224,7 +221,7 @@ class Translator:
             rows_by_progress if by_progress else rows) \
             .repartitionAndSortWithinPartitions(n, partitionFunc=_first)
 
-    def _results(self, rdd: Any) -> Any:
+    def results(self, rdd: Any) -> Any:
         """Chunks of a stage's results, one RDD element per result."""
         return rdd.mapPartitions(chunked, preservesPartitioning=True)
 
@@ -312,9 +309,17 @@ class Translator:
         partitions (``(Spark partition, time)`` pairs) when a timestamp stage runs inside the
         source, so its hand-off entry resumes each partition's watermark where the backfill
         left it."""
-        self._partition_tops[source.name] = record
+        self.partition_tops[source.name] = record
 
-    # --- stateless ---------------------------------------------------------------------------
+    # --- the stages: each transform's add_to_spark calls one of these ------------------------
+
+    timestamps = event_time.timestamps
+    aggregate = aggregations.aggregate
+    distinct = aggregations.distinct
+    sort = aggregations.sort
+    hash_join = aggregations.hash_join
+    window_aggregate = windows.window_aggregate
+
 
     def stateless(self, t: StatelessTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
@@ -340,291 +345,15 @@ class Translator:
                         timestamped=all(u.timestamped for u in ups),
                         unbounded=any(u.unbounded for u in ups), cut=min(cuts) if cuts else None)
 
-    # --- event time --------------------------------------------------------------------------
-
-    def timestamps(self, t: TimestampTransform) -> StageOut:
-        up = self.outs[id(t.upstream[0])]
-        fn, name = t.timestamp_fn, t.name
-        if fn is None and not up.timed:
-            raise PipelineError(f"stage {t.name!r}: with_native_timestamps needs a source "
-                                "whose records carry a time (Sources.kafka); use "
-                                "with_timestamps(fn) for this source")
-        counters = self.counters
-        side = t.side_sink is not None
-        timed_in = up.timed
-
-        def read_times(chunk: list, counting: bool = True) -> tuple[list, list]:
-            """The times and the items of a chunk's items whose timestamp can be read (the
-            others go to the side output, or fail the run)."""
-            if fn is None:
-                return list(map(_TS, chunk)), list(map(_ITEM, chunk))
-            xs = list(map(_ITEM, chunk)) if timed_in else chunk
-            try:
-                tss = list(map(fn, xs))
-            except Exception:  # noqa: BLE001 - find the item below, then report or route it
-                tss = None
-            if tss is not None and set(map(type, tss)) == _INTS:
-                return tss, xs
-            tss, good = [], []
-            bad = 0
-            err: Exception | None
-            for x in xs:
-                try:
-                    ts = fn(x)
-                    ok = isinstance(ts, int) and not isinstance(ts, bool)
-                except Exception as e:  # noqa: BLE001 - side output or a clear failure
-                    ok, err = False, e
-                else:
-                    err = None
-                if ok:
-                    tss.append(ts)
-                    good.append(x)
-                    continue
-                if side:
-                    bad += 1
-                    continue
-                raise TimestampError(
-                    f"stage {name!r}: cannot read the timestamp of item {x!r}"
-                    + (f": {type(err).__name__}: {err}" if err is not None else
-                       f": timestamp_fn returned {ts!r}, not an int"))
-            if bad and counting:
-                counters.add({"bad_timestamps": bad})
-            return tss, good
-
-        def stamp_chunk(chunk: list) -> list:
-            tss, xs = read_times(chunk)
-            return list(zip(tss, repeat(None), xs))
-        if side:
-            def bad_items(it: Iterator) -> Iterator:
-                for chunk in it:
-                    for e in chunk:
-                        x = e[2] if timed_in else e
-                        try:
-                            v = fn(x)  # type: ignore[misc]
-                            if isinstance(v, int) and not isinstance(v, bool):
-                                continue
-                        except Exception:  # noqa: BLE001
-                            pass
-                        yield x
-            self.side[id(t)] = up.uncounted().mapPartitions(lambda it: chunked(bad_items(it)))
-        # 0: no window downstream, and the member's watermark stage emits one watermark per
-        # chunk of events instead of one per step of event time
-        step = t.watermark_step(self.pipeline.transforms)
-        policy_factory = t.policy_factory
-        if up.unbounded:
-            # each record with the watermark of its own partition from every record before it
-            # (a record a later stage drops moves it, as in the member's source); capped below
-            # at the hand-off watermark once every partition's highest time is known
-            lag = policy_factory().lag
-
-            def own(it: Iterator) -> Iterator:
-                top = NO_WATERMARK
-                for chunk in it:
-                    tss, xs = read_times(chunk)
-                    if tss:
-                        wms, top = watermarks_before(tss, top, lag, step)
-                        yield list(zip(tss, wms, xs))
-            stamped = up.chunks(counters).mapPartitions(own, preservesPartitioning=True) \
-                .persist()
-
-            def top(i: int, it: Iterator) -> Iterator:
-                best = max((e[0] for chunk in it for e in chunk), default=None)
-                if best is not None:
-                    yield i, best
-            tops = stamped.mapPartitionsWithIndex(top).collect()
-            record = self._partition_tops.get(t.upstream[0].name)
-            if record is not None and t.runs_in_source(self.pipeline.transforms):
-                record(tops)
-            # the hand-off watermark: every partition's highest time, less the lag, at the
-            # slowest partition (what the streaming job's watermark is after reading as far);
-            # a partition read nothing of holds it back, as it holds a streaming job's: none
-            # of the windows closes here, all of them go on in the hand-off
-            cut = NO_WATERMARK
-            if tops and len(tops) == stamped.getNumPartitions():
-                cut = throttle(min(ts for _, ts in tops) - lag, step or 1)
-            self.cuts.append(cut)
-            return StageOut(stamped.map(lambda chunk: _capped(chunk, cut),
-                                        preservesPartitioning=True),
-                            timestamped=True, unbounded=True, cut=cut)
-        if not up.ordered or policy_factory().is_real_time:
-            return up.then((stamp_chunk, None), timed=True, timestamped=True)
-        # the watermark before each item, as the member's one processor reading the source in
-        # order would have it: the highest times of the partitions before, then item by item
-        # (a first pass reads only the times: cheaper than keeping the stamped items)
-        def part_max(i: int, it: Iterator) -> Iterator:
-            yield i, max((max(read_times(chunk, False)[0], default=None) for chunk in it
-                          if chunk), key=_none_lowest, default=None)
-        # the watermark after the last event: a ttl downstream evicts at it before the end
-        want_last = any(isinstance(d, MapStatefulTransform) and d.ttl is not None
-                        for d in t.downstream(self.pipeline.transforms))
-        maxima = _local_maxima(up.local, fn, want_last) \
-            if up.local is not None and not timed_in else None
-        if maxima is None:
-            maxima = dict(up.uncounted().mapPartitionsWithIndex(part_max).collect())
-        before: dict[int, int | None] = {}
-        top_so_far = None
-        for i in sorted(maxima):
-            before[i] = top_so_far
-            if maxima[i] is not None and (top_so_far is None or maxima[i] > top_so_far):
-                top_so_far = maxima[i]
-        lag = policy_factory().lag
-
-        def tag(i: int, it: Iterator) -> Iterator:
-            top = before.get(i)
-            top = NO_WATERMARK if top is None else top
-            for chunk in it:
-                tss, xs = read_times(chunk)
-                if not tss:
-                    continue
-                wms, top = watermarks_before(tss, top, lag, step)
-                yield tss, wms, xs
-        columns = up.chunks(counters).mapPartitionsWithIndex(tag, preservesPartitioning=True)
-        last = None if top_so_far is None or not want_last else \
-            (throttle(top_so_far - lag, step) if step else top_so_far - lag)
-        return StageOut(columns.map(_rows, preservesPartitioning=True), timestamped=True,
-                        ordered=True, columns=columns, last_watermark=last)
-
     # --- keyed and aggregating ---------------------------------------------------------------
-
-    def aggregate(self, t: AggregateTransform) -> StageOut:
-        up = self.outs[id(t.upstream[0])]
-        op, key_fn = t.op, t.key_fn
-        create, combine, finish = op.create, op.combine, op.finish
-        timed = up.timed
-        chunks = up.chunks(self.counters)
-        if op.can_combine and key_fn is not None:
-            # each task accumulates its chunks per key (one accumulate_grouped per chunk) and
-            # shuffles one partial accumulator per key; the partials are combined by key
-            def partial(it: Iterator) -> Iterator:
-                table: dict = {}
-                for chunk in it:
-                    items = [e[2] for e in chunk] if timed else chunk
-                    op.accumulate_grouped(table, map(key_fn, items), items)
-                return iter(table.items())
-            res = chunks.mapPartitions(partial).reduceByKey(combine, self.partitions)
-            return StageOut(res.mapPartitions(
-                lambda it: chunked((k, finish(a)) for k, a in it)))
-        if op.can_combine:
-            assert combine is not None
-            # keyless: one partial per task that saw items, and a marker that makes the
-            # result of no items that of create()
-            def partial_all(it: Iterator) -> Iterator:
-                acc = _MISSING
-                for chunk in it:
-                    items = [e[2] for e in chunk] if timed else chunk
-                    acc = op.accumulate_all(create() if acc is _MISSING else acc, items)
-                if acc is not _MISSING:
-                    yield 0, acc
-            marker = _EmptyMarker()
-            pairs = chunks.mapPartitions(partial_all).union(self.sc.parallelize([(0, marker)], 1))
-
-            def first(a: Any) -> Any:
-                return create() if isinstance(a, _EmptyMarker) else a
-
-            def add(a: Any, b: Any) -> Any:
-                return a if isinstance(b, _EmptyMarker) else combine(a, b)
-
-            def merge(a: Any, b: Any) -> Any:
-                return combine(a, b)
-            res = pairs.combineByKey(first, add, merge, 1)
-            return StageOut(res.map(lambda ka: [finish(ka[1])]))
-        # no combine: every item of a key in one task, in order
-        accumulate = op.accumulate
-        rows = self._by_key_sorted(up, key_fn)
-
-        def agg(it: Iterator) -> Iterator:
-            accs: dict = {}
-            for _, e in it:
-                x = e[2] if timed else e
-                k = key_fn(x) if key_fn is not None else None
-                accs[k] = accumulate(accs[k] if k in accs else create(), x)
-            for k, a in accs.items():
-                yield (k, finish(a)) if key_fn is not None else finish(a)
-        res = rows.mapPartitions(agg)
-        if key_fn is None:
-            marker = _EmptyMarker()
-            res = res.map(lambda r: (0, r)).union(self.sc.parallelize([(0, marker)], 1)) \
-                .groupByKey(1).flatMap(lambda kv: [r for r in kv[1]
-                                                   if not isinstance(r, _EmptyMarker)]
-                                       or [finish(create())])
-        return StageOut(self._results(res))
-
-    def distinct(self, t: DistinctTransform) -> StageOut:
-        up = self.outs[id(t.upstream[0])]
-        key_fn, timed = t.key_fn, up.timed
-
-        def firsts_of_task(i: int, it: Iterator) -> Iterator:
-            # the first item of each key in this task, with its position
-            seen: dict = {}
-            j = 0
-            for chunk in it:
-                for e in chunk:
-                    x = e[2] if timed else e
-                    k = key_fn(x) if key_fn is not None else x
-                    if k not in seen:
-                        seen[k] = ((i, j), x)
-                    j += 1
-            return iter(seen.items())
-        # the first item of each key in source order, as the member keeps the first it sees
-        firsts = up.chunks(self.counters).mapPartitionsWithIndex(firsts_of_task) \
-            .reduceByKey(lambda a, b: a if a[0] <= b[0] else b, self.partitions)
-        if self.export_state:
-            name = t.name
-            self.state_rdds.append(firsts.map(lambda kv: (name, *DistinctEntries.seen(kv[0]))))
-        return StageOut(self._results(firsts.map(lambda kv: kv[1][1])))
-
-    def sort(self, t: SortTransform) -> StageOut:
-        up = self.outs[id(t.upstream[0])]
-        key, reverse, timed = t.key, t.reverse, up.timed
-        rows = self._positions(up)
-
-        def item(row: tuple) -> Any:
-            return row[1][2] if timed else row[1]
-        # equal items keep their source order, as Python's stable sort does (also reversed)
-        if reverse:
-            def sort_key(row: tuple) -> Any:
-                x = item(row)
-                i, j = row[0]
-                return (key(x) if key is not None else x), (-i, -j)
-            ordered = rows.sortBy(sort_key, ascending=False)
-        else:
-            ordered = rows.sortBy(lambda row: (key(item(row)) if key is not None
-                                               else item(row), row[0]))
-        return StageOut(self._results(ordered.map(item)), ordered=True)
-
-    def hash_join(self, t: HashJoinTransform) -> StageOut:
-        stream = self.outs[id(t.upstream[0])]
-        build = self.outs[id(t.upstream[1])]
-        key_fn, bk, bv, join_fn, outer = (t.key_fn, t.build_key_fn, t.build_value_fn,
-                                          t.join_fn, t.outer)
-        s_timed, b_timed = stream.timed, build.timed
-        b = self._positions(build).map(
-            lambda row: (lambda x: (bk(x), (row[0], bv(x))))(row[1][2] if b_timed else row[1]))
-        s = self._positions(stream).map(
-            lambda row: (lambda x: (key_fn(x), (row[0], x)))(row[1][2] if s_timed else row[1]))
-
-        def join(kv: tuple) -> Iterator:
-            _, (items, values) = kv
-            matches = [v for _, v in sorted(values, key=lambda pv: pv[0])]
-            for _, x in sorted(items, key=lambda px: px[0]):
-                if matches:
-                    for m in matches:
-                        r = join_fn(x, m)
-                        if r is not None:
-                            yield r
-                elif outer:
-                    r = join_fn(x, None)
-                    if r is not None:
-                        yield r
-        return StageOut(self._results(s.cogroup(b, self.partitions).flatMap(join)))
 
     def rolling_aggregate(self, t: RollingAggregateTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         op, key_fn, name, export, timed = t.op, t.key_fn, t.name, self.export_state, up.timed
-        rows = self._by_key_sorted(up, key_fn)
+        rows = self.by_key_sorted(up, key_fn)
         tagged = rows.mapPartitions(lambda it: keyed.rolling(it, op, key_fn, name, export,
                                                              timed))
-        return StageOut(self._split(name, tagged), timed=timed, timestamped=up.timestamped,
+        return StageOut(self.split(name, tagged), timed=timed, timestamped=up.timestamped,
                         unbounded=up.unbounded, cut=up.cut, last_watermark=up.last_watermark)
 
     def map_stateful(self, t: MapStatefulTransform) -> StageOut:
@@ -635,125 +364,16 @@ class Translator:
 
         def late(n: int) -> None:
             counters.add({"late_events": n})
-        rows = self._by_key_sorted(up, t.key_fn)
+        rows = self.by_key_sorted(up, t.key_fn)
         tagged = rows.mapPartitions(lambda it: keyed.map_stateful(it, *args, late=late,
                                                                   timed=timed))
-        out = self._split(t.name, tagged)
+        out = self.split(t.name, tagged)
         if self.export_state and up.unbounded and up.cut is None:
             self.driver_state.append((t.name, *MapStatefulEntries.watermark(NO_WATERMARK)))
         return StageOut(out, timed=timed, timestamped=up.timestamped, unbounded=up.unbounded,
                         cut=up.cut, last_watermark=up.last_watermark)
 
-    # --- windows -----------------------------------------------------------------------------
 
-    def window_aggregate(self, t: WindowAggregateTransform) -> StageOut:
-        ups = [self.outs[id(u)] for u in t.upstream]
-        for u, up in zip(t.upstream, ups):
-            if not up.timestamped:
-                raise PipelineError(f"stage {t.name!r}: its input {u.name!r} has no "
-                                    "timestamps; call with_timestamps() before windowing")
-        self.window_stages += 1
-        # several inputs: the member's watermark is the lowest of theirs, and what it was when
-        # an event arrived depends on how they interleaved, which a backfill cannot know: no
-        # event is judged late (merge() drops the watermarks instead)
-        judge_late = len(ups) == 1
-        wdef, ops, key_fns, name = t.wdef, t.ops, t.key_fns, t.name
-        session = wdef.is_session
-        slide, size, gap = wdef.slide, wdef.size, wdef.gap
-        unbounded = any(u.unbounded for u in ups)
-        cuts = [u.cut for u in ups if u.cut is not None]
-        wm = min(cuts) if unbounded and cuts else None
-        # a window stage's watermark: the frame the watermark is in (sliding), itself (session)
-        cut = None if wm is None else (wm if session else wm - wm % slide)
-        counters = self.counters
-        export = self.export_state and cut is not None
-        # an event is late when it is before the watermark's frame (sliding) or the watermark
-        # (session) it met
-        floor = 1 if session else slide
-
-        def late(n: int) -> None:
-            counters.add({"late_events": n})
-
-        if t.side_sink is not None and judge_late:
-            def late_items(it: Iterator) -> Iterator:
-                for chunk in it:
-                    for ts, w, x in chunk:
-                        if w is not None and ts < w - w % floor:
-                            yield x
-            lates = [up.uncounted().mapPartitions(lambda it: chunked(late_items(it)))
-                     for up in ups]
-            self.side[id(t)] = lates[0] if len(lates) == 1 else self.sc.union(lates)
-        keyed_stage = key_fns is not None
-        two_stage = not session and all(op.can_combine for op in ops) \
-            and (not wdef.early_results_period or len(ops) > 1)
-        if two_stage:
-            # each task accumulates its events per (key, frame), a chunk per call; the partial
-            # accumulators go by key to the task that combines them and emits the key's windows
-            n = len(ops)
-            op = ops[0] if n == 1 else composite_operation(ops)
-            shuffled = self.partitions
-            from pyspark.rdd import portable_hash
-            parts = []
-            for i, up in enumerate(ups):
-                kf = key_fns[i] if key_fns is not None else None
-                columnar = up.columns is not None
-                if columnar:  # counted as the chain would count the rows
-                    keys = tuple(k for _, k in up.chain if k is not None)
-                    chunks = up.columns.mapPartitions(
-                        lambda it, keys=keys: _count_columns(it, keys, counters),
-                        preservesPartitioning=True)
-                else:
-                    chunks = up.chunks(counters)
-                parts.append(chunks.mapPartitions(
-                    lambda it, kf=kf, i=i, columnar=columnar: keyed.frame_partials(
-                        it, ops[i], kf, slide, i, n, late, columnar, shuffled,
-                        portable_hash, judge_late)))
-            pairs = parts[0] if n == 1 else self.sc.union(parts)
-            combine = op.combine
-            assert combine is not None  # two_stage: every op can combine
-
-            def windows(it: Iterator) -> Iterator:
-                for k, frames in keyed.merge_frames(it, ops, combine).items():
-                    yield from keyed.frame_windows(k, frames, op, size, slide,
-                                                   keyed_stage, cut, name, n, export)
-            # the records are already one per partition of the shuffle, numbered
-            tagged = pairs.partitionBy(shuffled, _own_number).mapPartitions(windows)
-        else:
-            op = ops[0]
-            kf = key_fns[0] if key_fns is not None else None
-
-            def drop_late(chunk: list) -> list:
-                kept = [e for e in chunk if e[1] is None or e[0] >= e[1] - e[1] % floor]
-                if len(kept) < len(chunk):
-                    late(len(chunk) - len(kept))
-                return kept
-            rows = self._by_key_sorted(ups[0].then((drop_late, None)), kf)
-            if session:
-                tagged = rows.mapPartitions(lambda it: keyed.sessions(
-                    it, op, kf, gap, cut, name, export))
-            else:
-                tagged = rows.mapPartitions(lambda it: keyed.sliding_no_combine(
-                    it, op, kf, size, slide, cut, name, export))
-        if export:
-            assert cut is not None  # export
-            for vertex, k, v in keyed.window_watermark_entries(name, cut, slide, two_stage,
-                                                               session):
-                self.driver_state.append((vertex, k, v))
-        results = self._split(name, tagged)
-        if t.post is not None:
-            post = t.post
-            results = results.map(lambda chunk: [y for r in chunk for y in post(r)])
-        return StageOut(results, unbounded=unbounded, cut=wm)
-
-
-class _EmptyMarker:
-    """Stands for "no items" in a keyless aggregation (its result is then that of create())."""
-
-
-_MISSING = object()
-_TS = itemgetter(0)
-_ITEM = itemgetter(2)
-_INTS = {int}
 
 
 def _watermark_unknown(chunk: list) -> list:
@@ -763,36 +383,6 @@ def _watermark_unknown(chunk: list) -> list:
     partitions, no event is judged late (a co-aggregating window does not read them instead:
     ``frame_partials(judge_late=False)``)."""
     return [(t, None, x) for t, _, x in chunk]
-
-
-def _capped(chunk: list, cut: int) -> list:
-    """Kafka records with the watermark of their own partition capped at the hand-off
-    watermark ``cut``.
-
-    This is the highest watermark a member could have had when the record arrived: the
-    member's is the lowest over the partitions, never above the record's own partition's nor
-    above another partition's last (the lowest of which is the hand-off watermark). So a record
-    within the lag of its own partition is never late by it; on a topic of one partition it is
-    exactly the member's watermark; and where the member's verdict depends on how far the other
-    partitions were read, it is the verdict of the read order that is furthest ahead."""
-    return [(ts, None if w is None else (w if w < cut else cut), x) for ts, w, x in chunk]
-
-
-def _rows(columns: tuple) -> list:
-    """A chunk of ``(ts, wm, item)`` from its three lists."""
-    return list(zip(*columns))
-
-
-def _count_columns(chunks: Iterator, keys: tuple, counters: Any) -> Iterator:
-    """Chunks of ``(times, watermarks, items)`` passed on, each counted under ``keys``."""
-    n = 0
-    try:
-        for chunk in chunks:
-            n += len(chunk[0])
-            yield chunk
-    finally:
-        if n and keys:
-            counters.add({k: n for k in keys})
 
 
 def _file_groups(paths: list[str], n: int) -> list[list[str]]:
@@ -830,33 +420,7 @@ def _loads_all(blobs: list) -> Iterator[list]:
     return map(pickle.loads, blobs)
 
 
-def _local_maxima(parts: list, fn: Callable[[Any], Any] | None,
-                  with_last: bool) -> dict | None:
-    """The highest timestamp of each partition's items, read on the driver that holds them
-    (cheaper than a Spark pass over them); None when a timestamp cannot be read there (the
-    Spark pass then routes or reports the item). Unless ``with_last``, the last partition's
-    is not read (only the partitions after one use its maximum): None."""
-    if fn is None:
-        return None
-    maxima: dict = {len(parts) - 1: None}
-    try:
-        for i, part in enumerate(parts if with_last else parts[:-1]):
-            tss = list(map(fn, part))
-            if tss and set(map(type, tss)) != _INTS:
-                return None
-            maxima[i] = max(tss, default=None)
-    except Exception:  # noqa: BLE001 - left to the Spark pass
-        return None
-    return maxima
-
-
-def _none_lowest(x: Any) -> Any:
-    return NO_WATERMARK if x is None else x
-
-
 def _first(k: tuple) -> int:
     return k[0]
 
 
-def _own_number(k: int) -> int:
-    return k
