@@ -320,7 +320,6 @@ class Translator:
     hash_join = aggregations.hash_join
     window_aggregate = windows.window_aggregate
 
-
     def stateless(self, t: StatelessTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]
         fn = stateless_chunk_function(t.op, t.fn, up.timed, t.name)
