@@ -8,7 +8,7 @@ codecs (``RollingEntries``, ``MapStatefulEntries``, ``WindowEntries``), so their
 reads them unchanged (the hand-off tests check it against a real snapshot).
 
 The per-key steps are the processors' own: ``roll`` (rolling aggregates), ``KeyedStates``
-(``map_stateful``: a key's state, its ttl and its eviction), ``add_to_sessions`` (session
+(``map_stateful``: a key's state, its ttl and its eviction, ``step`` and ``expire``), ``add_to_sessions`` (session
 merge) and ``accumulate_frames`` (the windows' frame accumulation); what is here is how a
 Spark partition's rows reach them, in order, with the watermark each would have met.
 
@@ -92,7 +92,7 @@ def map_stateful(rows: Iterable[Row], create_fn: Callable, map_fn: Callable,
     evict_fn = call_with_arity(on_evict, 3) if on_evict is not None else None
     expiring = ttl is not None and timestamped
     keyed = KeyedStates(create_fn, map_fn, key_fn is not None, ttl if expiring else None)
-    apply = keyed.apply
+    apply = keyed.step()
     cur_wm = None
     n_late = 0
     part_wms: dict = {}  # over Kafka: the Spark partition -> its records' highest watermark

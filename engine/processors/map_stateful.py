@@ -34,7 +34,7 @@ END_OF_TIME = sys.maxsize - 1
 
 class KeyedStates:
     """The states of a ``map_stateful`` stage, one per key, and with a ``ttl`` each key's last
-    event time and its place in the expiry heap. :meth:`apply` is the stage's per-key step and
+    event time and its place in the expiry heap. :meth:`step` is the stage's per-key step and
     :meth:`expire` its eviction: the member's processor and the Spark backfill both run the
     stage with these. ``states`` may be a keyed state store (RocksDB) instead of a dict."""
 
@@ -48,22 +48,37 @@ class KeyedStates:
         self.last_ts: dict = {}     # key -> last event time (with a ttl)
         self.expiry: list = []      # heap of (expiry, seq, key), lazily corrected
         self._seq = 0
+        self.write_back = False     # a state changed in place is written back (a store)
 
-    def apply(self, k: Any, t: Any, x: Any) -> Any:
-        """``map_fn`` on key ``k``'s state (created on its first event) and the item ``x`` of
-        event time ``t`` (with a ttl the key's last event time moves up to ``t``); returns
-        what ``map_fn`` returns."""
-        states, ttl = self.states, self.ttl
-        state = states.get(k, _MISSING)
-        if state is _MISSING:
-            state = states[k] = self.create_fn()
-            if ttl is not None:
-                self.track(k, t)
-        elif ttl is not None and t > self.last_ts[k]:
-            self.last_ts[k] = t
-        r = self.map_fn(state, k, x) if self.keyed else self.map_fn(state, x)
-        states[k] = state  # a store outside memory keeps copies: write back
-        return r
+    def step(self) -> Callable[[Any, Any, Any], Any]:
+        """The stage's per-key step, ``apply(k, t, x)``: ``map_fn`` on key ``k``'s state
+        (created on its first event) and the item ``x`` of event time ``t`` (with a ttl the
+        key's last event time moves up to ``t``); returns what ``map_fn`` returns. Made once
+        the states' store is chosen (:meth:`use_store`): it reads them without an attribute
+        lookup per item."""
+        states, last_ts, ttl = self.states, self.last_ts, self.ttl
+        create_fn, map_fn, keyed, write_back = self.create_fn, self.map_fn, self.keyed, \
+            self.write_back
+        track, get = self.track, states.get
+
+        def apply(k: Any, t: Any, x: Any) -> Any:
+            state = get(k, _MISSING)
+            if state is _MISSING:
+                state = states[k] = create_fn()
+                if ttl is not None:
+                    track(k, t)
+            elif ttl is not None and t > last_ts[k]:
+                last_ts[k] = t
+            r = map_fn(state, k, x) if keyed else map_fn(state, x)
+            if write_back:  # a store outside memory keeps copies
+                states[k] = state
+            return r
+        return apply
+
+    def use_store(self, store: Any) -> None:
+        """Keeps the states in ``store`` (a keyed state store: RocksDB) instead of a dict."""
+        self.states = store
+        self.write_back = True
 
     def track(self, k: Any, last: int) -> None:
         """Records ``last`` as key ``k``'s last event time, due to expire at ``last + ttl``."""
@@ -138,6 +153,7 @@ class MapStatefulProcessor(EventTimeProcessor):
         self.on_evict = call_with_arity(on_evict, 3) if on_evict is not None else None
         self.keyed = KeyedStates(create_fn, map_fn, key_fn is not None,
                                  ttl if timestamped else None)
+        self._apply = self.keyed.step()
         self.wm = NO_WATERMARK
 
     def init(self, context: ProcessorContext) -> None:
@@ -146,13 +162,14 @@ class MapStatefulProcessor(EventTimeProcessor):
             context.metrics.setdefault("late_events", 0)
             context.metrics.setdefault("evicted_keys", 0)
         if context.state_backend != "memory":  # JobConfig(state_backend="rocksdb")
-            self.keyed.states = context.keyed_state("states")
+            self.keyed.use_store(context.keyed_state("states"))
+            self._apply = self.keyed.step()
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if not self._flush():
             return
         items = inbox.drain()
-        apply = self.keyed.apply
+        apply = self._apply
         key_fn = self.key_fn
         out: list[Any] = []
         append = out.append
