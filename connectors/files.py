@@ -4,12 +4,13 @@ matches, as ``record_files.matching_files`` lists them), and a sink writing line
 from __future__ import annotations
 
 import os
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 from jetwake.connectors.record_files import matching_files, warn_if_no_files
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
+from jetwake.engine.backfill.connector_forms import SparkWriter
 
-__all__ = ["FileSourceProcessor", "FileSinkProcessor"]
+__all__ = ["FileSourceProcessor", "FileSinkProcessor", "FilesSparkWriter"]
 
 _READ_HINT = 1 << 16  # bytes per readlines() call
 
@@ -142,3 +143,29 @@ class FileSinkProcessor(Processor):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class FilesSparkWriter(SparkWriter):
+    """``Sinks.files`` on the Spark backfill: each task writes ``str(item)`` lines into file
+    ``<its index>`` of the directory."""
+
+    def __init__(self, directory: str, encoding: str) -> None:
+        self.directory, self.encoding = directory, encoding
+
+    def write(self, backfill: Any, t: Any, chunks: Any) -> int:
+        directory, encoding = self.directory, self.encoding
+        os.makedirs(directory, exist_ok=True)
+        # the files of an earlier run, which has had more tasks than this one writes, go:
+        # the directory holds this run's output only
+        for name in os.listdir(directory):
+            if name.isdigit() and int(name) >= chunks.getNumPartitions():
+                os.remove(os.path.join(directory, name))
+
+        def write(i: int, it: Iterator) -> Iterator:
+            n = 0
+            with open(os.path.join(directory, str(i)), "w", encoding=encoding) as f:
+                for chunk in it:
+                    f.write("".join([f"{x}\n" for x in chunk]))
+                    n += len(chunk)
+            yield n
+        return chunks.mapPartitionsWithIndex(write).sum()

@@ -14,6 +14,7 @@ from jetwake.engine.core.errors import RestartableError
 from jetwake.engine.core.meta_supplier import ProcessorMetaSupplier
 from jetwake.engine.pipeline.connector import Source
 from jetwake.engine.pipeline.event_time import native_pair_timestamp
+from jetwake.engine.pipeline.spark_form import NotOnSpark
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 from jetwake.connectors.items_source import ItemsSourceProcessor
 from jetwake.connectors.partitioned_items import READ_ORDERS, PartitionedItemsSourceProcessor
@@ -193,6 +194,12 @@ class TestItemsSourceProcessor(ItemsSourceProcessor):
         return True
 
 
+# the test sources act on a member's execution (sentinels, snapshots, partitions spread over
+# processors): they have no Spark form
+_MEMBER_ONLY = NotOnSpark("a test source of member jobs; a backfill reads Sources.items, "
+                          "files, parquet, json_lines, map and kafka")
+
+
 class TestSources:
     """Generated sources, and the replayable items source with failure sentinels."""
 
@@ -209,7 +216,7 @@ class TestSources:
                             f"tuple, range...), got {type(items).__qualname__}")
         data = items if isinstance(items, Sequence) else list(items)
         return Source("test-items", ProcessorMetaSupplier.of(
-            lambda: TestItemsSourceProcessor(data), 1))
+            lambda: TestItemsSourceProcessor(data), 1), spark=_MEMBER_ONLY)
 
     @staticmethod
     def partitioned(partitions: Sequence[Sequence[Any]], *, batch: int = 64,
@@ -235,7 +242,7 @@ class TestSources:
         data = [list(p) for p in partitions]
         return Source("test-partitions", ProcessorMetaSupplier.of(
             lambda: PartitionedItemsSourceProcessor(data, batch, order, seed)),
-            partitioned=True)
+            partitioned=True, spark=_MEMBER_ONLY)
 
     @staticmethod
     def ABORT() -> Abort:  # noqa: N802 - a sentinel, named like Bytewax's
@@ -269,4 +276,6 @@ class TestSources:
         return Source("item-stream",
                       ProcessorMetaSupplier.of(lambda: ItemStreamProcessor(items_per_second,
                                                                            gen), 1),
-                      is_stream=True, timestamp_fn=native_pair_timestamp)
+                      is_stream=True, timestamp_fn=native_pair_timestamp,
+                      spark=NotOnSpark("an endless generated stream; a backfill reads bounded "
+                                       "sources and Kafka up to until"))

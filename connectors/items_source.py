@@ -6,8 +6,10 @@ from typing import Any, Sequence
 
 from jetwake.engine.core.chunk_emitter import CHUNK_SIZE
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
+from jetwake.engine.backfill.connector_forms import SparkReader
+from jetwake.engine.backfill.stage_output import StageOut
 
-__all__ = ["ItemsSourceProcessor"]
+__all__ = ["ItemsSourceProcessor", "ItemsSparkReader"]
 
 
 class ItemsSourceProcessor(Processor):
@@ -48,3 +50,13 @@ class ItemsSourceProcessor(Processor):
         for key, pos in inbox.drain():
             if key.key == mine:
                 self.pos = pos
+
+
+class ItemsSparkReader(SparkReader):
+    """``Sources.items`` on the Spark backfill: the items, sliced over the tasks in order."""
+
+    def __init__(self, items: Sequence[Any]) -> None:
+        self.items = items
+
+    def read(self, backfill: Any, t: Any, bounds: Any) -> StageOut:
+        return backfill.local_items(list(self.items))

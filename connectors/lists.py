@@ -15,8 +15,10 @@ from typing import Any
 
 from jetwake.engine.core.processor import Inbox, Processor, ProcessorContext
 from jetwake.engine.processors.two_phase_sink import TwoPhaseCommitSink
+from jetwake.engine.backfill.connector_forms import SparkWriter
+from jetwake.engine.core.errors import PipelineError
 
-__all__ = ["ListSinkProcessor", "ExactlyOnceListSinkProcessor"]
+__all__ = ["ListSinkProcessor", "ExactlyOnceListSinkProcessor", "ListSparkWriter"]
 
 
 class ListSinkProcessor(Processor):
@@ -60,3 +62,30 @@ class ExactlyOnceListSinkProcessor(TwoPhaseCommitSink):
 
     def read_marker(self, writer: str) -> int:
         return self._list.committed_snapshot(writer)
+
+
+class ListSparkWriter(SparkWriter):
+    """``Sinks.list`` on the Spark backfill: the items appended through the member's API on
+    the driver, chunk by chunk, in partition order; each chunk a commit of this run's writer,
+    so that a request the client sends again (after a lost connection) is applied once."""
+
+    needs_member = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, backfill: Any, t: Any, chunks: Any) -> int:
+        import uuid
+
+        member = backfill.member
+        commit = getattr(member.get_list(self.name), "commit", None)
+        if commit is None:
+            raise PipelineError(f"sink stage {t.name!r}: the member's list {self.name!r} "
+                                f"cannot be appended to through {type(member).__name__}")
+        writer = f"backfill-{uuid.uuid4().hex[:12]}-{t.name}"
+        n = 0
+        for chunk in chunks.toLocalIterator(prefetchPartitions=True):
+            if chunk:
+                n += len(chunk)
+                commit(chunk, writer, n)
+        return n

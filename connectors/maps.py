@@ -9,9 +9,11 @@ from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.core.stream_items import IDLE_MESSAGE
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 from jetwake.engine.processors.source_event_time import PartitionedSource, SourceEventTime
+from jetwake.engine.backfill.connector_forms import SparkReader, SparkWriter
+from jetwake.engine.backfill.stage_output import StageOut
 
 __all__ = ["MapSourceProcessor", "MapSinkProcessor", "MapJournalSourceProcessor",
-           "JournalOverrunError"]
+           "JournalOverrunError", "MapSparkReader", "MapSparkWriter"]
 
 _JOURNAL_BATCH = 4096
 
@@ -199,3 +201,47 @@ class MapSinkProcessor(Processor):
 def _short(x: Any) -> str:
     text = repr(x)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+class MapSparkReader(SparkReader):
+    """``Sources.map`` on the Spark backfill: the map's entries, read through the member (or
+    Client) given to run(), sliced over the tasks."""
+
+    needs_member = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def read(self, backfill: Any, t: Any, bounds: Any) -> StageOut:
+        return backfill.local_items(list(backfill.member.get_map(self.name).items()))
+
+
+class MapSparkWriter(SparkWriter):
+    """``Sinks.map`` and ``map_with_merging`` on the Spark backfill: the entries put (or
+    merged) through the member's API on the driver, chunk by chunk, in partition order."""
+
+    needs_member = True
+
+    def __init__(self, name: str, key_fn: Callable[[Any], Any] | None,
+                 value_fn: Callable[[Any], Any] | None,
+                 merge_fn: Callable[[Any, Any], Any] | None = None) -> None:
+        self.name, self.key_fn, self.value_fn, self.merge_fn = name, key_fn, value_fn, merge_fn
+
+    def write(self, backfill: Any, t: Any, chunks: Any) -> int:
+        target = backfill.member.get_map(self.name)
+        kf, vf, merge = self.key_fn, self.value_fn, self.merge_fn
+        if kf is not None and vf is not None:
+            entries = chunks.map(lambda chunk: [(kf(x), vf(x)) for x in chunk])
+        else:
+            entries = chunks.map(lambda chunk: [tuple(x) for x in chunk])
+        n = 0
+        for chunk in entries.toLocalIterator(prefetchPartitions=True):
+            if not chunk:
+                continue
+            if merge is not None:
+                for k, v in chunk:
+                    target.merge(k, v, merge)
+            else:
+                target.put_all(chunk)
+            n += len(chunk)
+        return n

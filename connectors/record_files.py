@@ -4,7 +4,7 @@ value per line), read in file order by one processor (``Sources.parquet``,
 (``Sources.files`` too) turns its path into files.
 
 The files are read sorted by path, so the order of the records is the same in every run, on a
-member and in the Spark backfill (``connectors/spark``), which lists them with the same
+member and in the Spark backfill (``FilesSparkReader`` below), which lists them with the same
 :func:`matching_files` and reads them with :func:`read_records`, a run of files per Spark task.
 """
 
@@ -17,9 +17,12 @@ import os
 from typing import Any, Iterator
 
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
+from jetwake.engine.backfill.chunks import chunked
+from jetwake.engine.backfill.connector_forms import SparkReader
+from jetwake.engine.backfill.stage_output import StageOut
 
 __all__ = ["RecordFileSourceProcessor", "is_glob", "matching_files", "read_records",
-           "warn_if_no_files"]
+           "warn_if_no_files", "FilesSparkReader"]
 
 log = logging.getLogger("jetwake.connectors.record_files")
 
@@ -140,3 +143,31 @@ class RecordFileSourceProcessor(Processor):
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         for _, (index, done) in inbox.drain():
             self.file_index, self.done_in_file = index, done
+
+
+class FilesSparkReader(SparkReader):
+    """``Sources.files``, ``parquet`` and ``json_lines`` on the Spark backfill: the files
+    listed on the driver before Spark starts (a wrong path fails there), read in order by
+    runs of files, one run per task."""
+
+    def __init__(self, pattern: str, kind: str, encoding: str = "utf-8") -> None:
+        self.pattern, self.kind, self.encoding = pattern, kind, encoding
+
+    def bounds(self, until: Any) -> list[str]:
+        return matching_files(self.pattern, self.kind)
+
+    def read(self, backfill: Any, t: Any, bounds: Any) -> StageOut:
+        warn_if_no_files(self.pattern, self.kind, bounds)
+        return backfill.file_runs(bounds, self.read_path)
+
+    def read_path(self, path: str) -> Iterator[list]:
+        """The chunks of one file: lines (``files``) or records."""
+        if self.kind != "files":
+            yield from chunked(read_records(path, self.kind))
+            return
+        with open(path, encoding=self.encoding) as f:
+            while True:
+                lines = [line.rstrip("\r\n") for line in f.readlines(1 << 18)]
+                if not lines:
+                    return
+                yield lines

@@ -10,19 +10,15 @@ from jetwake.engine.core.meta_supplier import (
 )
 from jetwake.engine.pipeline.connector import Sink
 from jetwake.engine.core.processor import Processor
-from jetwake.connectors.files import FileSinkProcessor
-from jetwake.connectors.lists import ExactlyOnceListSinkProcessor, ListSinkProcessor
-from jetwake.connectors.logger_sink import LoggerSinkProcessor
-from jetwake.connectors.maps import MapSinkProcessor
-from jetwake.connectors.noop_sink import NoopSinkProcessor
+from jetwake.connectors.files import FileSinkProcessor, FilesSparkWriter
+from jetwake.connectors.lists import (
+    ExactlyOnceListSinkProcessor, ListSinkProcessor, ListSparkWriter,
+)
+from jetwake.connectors.logger_sink import LoggerSinkProcessor, LoggerSparkWriter
+from jetwake.connectors.maps import MapSinkProcessor, MapSparkWriter
+from jetwake.connectors.noop_sink import NoopSinkProcessor, NoopSparkWriter
 
 __all__ = ["Sinks"]
-
-
-def _spec(sink: Sink, **spec: Any) -> Sink:
-    """``sink`` with what it writes as plain data (``Sink.spec``), for the Spark backfill."""
-    sink.spec = spec
-    return sink
 
 
 def _check_name(name: Any, where: str) -> str:
@@ -75,9 +71,9 @@ class Sinks:
         if (key_fn is None) != (value_fn is None):
             raise ValueError("Sinks.map(): pass both key_fn and value_fn, or neither")
         # routed by key, so the puts of one key keep their order (the last value wins)
-        return _spec(Sink(f"map-sink-{name}", ProcessorMetaSupplier.of(
-            lambda: MapSinkProcessor(name, key_fn, value_fn)), partition_key_fn=key_fn or _key),
-            kind="map", name=name, key_fn=key_fn, value_fn=value_fn, merge_fn=None)
+        return Sink(f"map-sink-{name}", ProcessorMetaSupplier.of(
+            lambda: MapSinkProcessor(name, key_fn, value_fn)), partition_key_fn=key_fn or _key,
+            spark=MapSparkWriter(name, key_fn, value_fn))
 
     @staticmethod
     def map_with_merging(name: str, merge_fn: Callable[[Any, Any], Any],
@@ -94,10 +90,9 @@ class Sinks:
             raise ValueError("Sinks.map_with_merging(): pass both key_fn and value_fn, or "
                              "neither")
         # one writer per key, so a read-merge-write is never interleaved with another
-        return _spec(Sink(f"map-sink-{name}", ProcessorMetaSupplier.of(
+        return Sink(f"map-sink-{name}", ProcessorMetaSupplier.of(
             lambda: MapSinkProcessor(name, key_fn, value_fn, merge_fn)),
-            partition_key_fn=key_fn or _key), kind="map", name=name, key_fn=key_fn,
-            value_fn=value_fn, merge_fn=merge_fn)
+            partition_key_fn=key_fn or _key, spark=MapSparkWriter(name, key_fn, value_fn, merge_fn))
 
     @staticmethod
     def list(name: str) -> Sink:
@@ -112,29 +107,30 @@ class Sinks:
             if ctx.processing_guarantee == "exactly_once":
                 return lambda: ExactlyOnceListSinkProcessor(name)
             return lambda: ListSinkProcessor(name)
-        return _spec(Sink(f"list-sink-{name}", ProcessorMetaSupplier.of(_ByGuarantee(choose), 1)),
-                     kind="list", name=name)
+        return Sink(f"list-sink-{name}", ProcessorMetaSupplier.of(_ByGuarantee(choose), 1),
+                    spark=ListSparkWriter(name))
 
     @staticmethod
     def files(directory: str, encoding: str = "utf-8") -> Sink:
         """Writes ``str(item)`` lines, one file per processor, into ``directory``."""
         _check_name(directory, "Sinks.files()")
-        return _spec(Sink("file-sink", ProcessorMetaSupplier.of(
-            lambda: FileSinkProcessor(directory, encoding))), kind="files",
-            directory=directory, encoding=encoding)
+        return Sink("file-sink", ProcessorMetaSupplier.of(
+            lambda: FileSinkProcessor(directory, encoding)),
+            spark=FilesSparkWriter(directory, encoding))
 
     @staticmethod
     def noop() -> Sink:
         """Discards every item."""
-        return _spec(Sink("noop-sink", ProcessorMetaSupplier.of(NoopSinkProcessor)), kind="noop")
+        return Sink("noop-sink", ProcessorMetaSupplier.of(NoopSinkProcessor),
+                    spark=NoopSparkWriter())
 
     @staticmethod
     def logger(to_string: Callable[[Any], str] = str, level: int = logging.INFO) -> Sink:
         """Logs every item on the ``jetwake.sink.logger`` logger."""
         _check_fn(to_string, "Sinks.logger() to_string")
-        return _spec(Sink("logger-sink", ProcessorMetaSupplier.of(
-            lambda: LoggerSinkProcessor(to_string, level), 1)), kind="logger",
-            to_string=to_string, level=level)
+        return Sink("logger-sink", ProcessorMetaSupplier.of(
+            lambda: LoggerSinkProcessor(to_string, level), 1),
+            spark=LoggerSparkWriter(to_string, level))
 
     @staticmethod
     def kafka(topic: str, properties: dict, *, key_fn: Callable[[Any], Any] | None = None,
@@ -154,6 +150,7 @@ class Sinks:
         from jetwake.connectors.kafka.serde import make_serializer
         from jetwake.connectors.kafka.sink import KafkaRecordFormat, KafkaSinkProcessor
         from jetwake.connectors.kafka.sink_exactly_once import KafkaExactlyOnceSinkProcessor
+        from jetwake.connectors.kafka.spark import KafkaSparkWriter
 
         where = "Sinks.kafka()"
         _check_name(topic, where)
@@ -180,5 +177,5 @@ class Sinks:
             if transactional and exactly_once is not False:
                 return lambda: KafkaExactlyOnceSinkProcessor(fmt)
             return lambda: KafkaSinkProcessor(fmt)
-        return _spec(Sink(f"kafka-sink-{topic}", ProcessorMetaSupplier.of(_ByGuarantee(choose))),
-                     kind="kafka", format=fmt, exactly_once=exactly_once)
+        return Sink(f"kafka-sink-{topic}", ProcessorMetaSupplier.of(_ByGuarantee(choose)),
+                    spark=KafkaSparkWriter(fmt, exactly_once))

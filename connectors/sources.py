@@ -8,18 +8,13 @@ from typing import Any, Iterable
 
 from jetwake.engine.core.meta_supplier import ProcessorMetaSupplier
 from jetwake.engine.pipeline.connector import Source
+from jetwake.engine.pipeline.spark_form import NotOnSpark
 from jetwake.connectors.files import FileSourceProcessor
-from jetwake.connectors.items_source import ItemsSourceProcessor
-from jetwake.connectors.maps import MapJournalSourceProcessor, MapSourceProcessor
-from jetwake.connectors.record_files import RecordFileSourceProcessor, is_glob
+from jetwake.connectors.items_source import ItemsSourceProcessor, ItemsSparkReader
+from jetwake.connectors.maps import MapJournalSourceProcessor, MapSourceProcessor, MapSparkReader
+from jetwake.connectors.record_files import FilesSparkReader, RecordFileSourceProcessor, is_glob
 
 __all__ = ["Sources"]
-
-
-def _spec(source: Source, **spec: Any) -> Source:
-    """``source`` with what it reads as plain data (``Source.spec``), for the Spark backfill."""
-    source.spec = spec
-    return source
 
 
 def _check_name(name: Any, where: str) -> str:
@@ -48,8 +43,8 @@ class Sources:
             raise TypeError(f"Sources.items() expects an iterable of items (a list, tuple, "
                             f"range...), got {type(items).__qualname__}")
         data = items if isinstance(items, Sequence) else list(items)
-        return _spec(Source("items", ProcessorMetaSupplier.of(
-            lambda: ItemsSourceProcessor(data), 1)), kind="items", items=data)
+        return Source("items", ProcessorMetaSupplier.of(lambda: ItemsSourceProcessor(data), 1),
+                      spark=ItemsSparkReader(data))
 
     @staticmethod
     def files(pattern: str, encoding: str = "utf-8") -> Source:
@@ -65,9 +60,9 @@ class Sources:
             raise ValueError(f"Sources.files() needs a file, a directory or a glob pattern "
                              f"such as 'data/*.txt', got {pattern!r}")
         _check_directory(pattern, "Sources.files()")
-        return _spec(Source("files", ProcessorMetaSupplier.of(
-            lambda: FileSourceProcessor(pattern, encoding), 1)), kind="files", pattern=pattern,
-            encoding=encoding)
+        return Source("files", ProcessorMetaSupplier.of(
+            lambda: FileSourceProcessor(pattern, encoding), 1),
+            spark=FilesSparkReader(pattern, "files", encoding))
 
     @staticmethod
     def parquet(path: str) -> Source:
@@ -91,16 +86,17 @@ class Sources:
         if not isinstance(pattern, str) or not pattern:
             raise ValueError(f"{where} needs {what}, got {pattern!r}")
         _check_directory(pattern, where)
-        return _spec(Source(kind.replace("_", "-"), ProcessorMetaSupplier.of(
-            lambda: RecordFileSourceProcessor(pattern, kind), 1)), kind=kind, pattern=pattern)
+        return Source(kind.replace("_", "-"), ProcessorMetaSupplier.of(
+            lambda: RecordFileSourceProcessor(pattern, kind), 1),
+            spark=FilesSparkReader(pattern, kind))
 
     @staticmethod
     def map(name: str) -> Source:
         """The entries of a member's named map as (key, value) tuples (a batch)."""
         _check_name(name, "Sources.map()")
-        return _spec(Source(f"map-source-{name}",
-                            ProcessorMetaSupplier.of(lambda: MapSourceProcessor(name))),
-                     kind="map", name=name)
+        return Source(f"map-source-{name}",
+                      ProcessorMetaSupplier.of(lambda: MapSourceProcessor(name)),
+                      spark=MapSparkReader(name))
 
     @staticmethod
     def map_journal(name: str, start: str = "oldest", on_overrun: str = "fail") -> Source:
@@ -119,7 +115,9 @@ class Sources:
                              f"got {on_overrun!r}")
         return Source(f"map-journal-{name}", ProcessorMetaSupplier.of(
             lambda: MapJournalSourceProcessor(name, start, on_overrun), 1), is_stream=True,
-            partitioned=True)
+            partitioned=True, spark=NotOnSpark(
+                "a map's journal is an unbounded stream of a member; a backfill reads "
+                "Sources.items, files, parquet, json_lines, map and kafka (bounded by until)"))
 
     @staticmethod
     def kafka(topics: "str | Sequence[str]", properties: dict, *,
@@ -144,6 +142,7 @@ class Sources:
         from jetwake.connectors.kafka.properties import source_properties
         from jetwake.connectors.kafka.serde import make_deserializer
         from jetwake.connectors.kafka.source import KafkaSourceProcessor
+        from jetwake.connectors.kafka.spark import KafkaSparkReader
 
         where = "Sources.kafka()"
         if isinstance(topics, str):
@@ -184,9 +183,8 @@ class Sources:
             return KafkaSourceProcessor(topic_list, props, opts, kd, vd, start, projection,
                                         on_error, dlq)
 
-        return _spec(Source(f"kafka-source-{'-'.join(topic_list)}"[:120],
-                            ProcessorMetaSupplier.of(make), is_stream=True,
-                            timestamp_fn=native_pair_timestamp, partitioned=True),
-                     kind="kafka", topics=topic_list, properties=props, options=opts,
-                     key_deserializer=kd, value_deserializer=vd, start=start,
-                     projection=projection, on_error=on_error, dead_letter_topic=dlq)
+        return Source(f"kafka-source-{'-'.join(topic_list)}"[:120],
+                      ProcessorMetaSupplier.of(make), is_stream=True,
+                      timestamp_fn=native_pair_timestamp, partitioned=True,
+                      spark=KafkaSparkReader(topic_list, props, start, kd, vd, projection,
+                                             on_error, dlq))

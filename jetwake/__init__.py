@@ -7,7 +7,7 @@ The public API; the implementation lives in ``jetwake.engine``, ``jetwake.snapsh
 from jetwake.connectors.sinks import Sinks
 from jetwake.connectors.sources import Sources
 from jetwake.connectors.generated_sources import TestSources
-from jetwake.connectors.spark import SparkRunner
+from jetwake.engine.backfill import SparkRunner
 from jetwake.engine.server.client import (
     AuthenticationError, Client, MemberUnreachableError, RemoteJob, RemoteList, RemoteMap,
 )

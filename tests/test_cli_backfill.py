@@ -77,7 +77,7 @@ class RecordingRunner:
 @pytest.fixture
 def recording_runner(monkeypatch):
     pytest.importorskip("pyspark")
-    import jetwake.connectors.spark as spark_package
+    import jetwake.engine.backfill as spark_package
     RecordingRunner.made = []
     monkeypatch.setattr(spark_package, "SparkRunner", RecordingRunner)
     return RecordingRunner

@@ -175,7 +175,7 @@ def test_a_snapshot_name_that_exists_fails_before_work(spark_runner, kafka_boots
 
 def test_a_missing_topic_and_an_until_before_start_fail_with_one_message(
         spark_runner, kafka_bootstrap, kafka_topic):
-    from jetwake.connectors.spark.kafka_io import BackfillKafkaError
+    from jetwake.connectors.kafka.spark import BackfillKafkaError
     with Member() as m:
         with pytest.raises(BackfillKafkaError, match="do not exist"):
             spark_runner.run(pipeline(kafka_bootstrap, "no-such-topic-for-backfill"), member=m)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jetwake import Member, Pipeline, Sinks, Sources, SparkRunner
-from jetwake.connectors.spark.kafka_io import BackfillKafkaError
+from jetwake.connectors.kafka.spark import BackfillKafkaError
 
 pytestmark = [pytest.mark.spark]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import traceback
 
 from jetwake.connectors.kafka.source import KafkaDeserializationError
-from jetwake.connectors.spark.task_failures import BackfillTaskError, spark_task_failure
+from jetwake.engine.backfill.task_failures import BackfillTaskError, spark_task_failure
 from jetwake.engine.pipeline.fusion import note_stage
 
 

@@ -50,13 +50,37 @@ from jetwake.engine.processors.source_event_time import PartitionedSource, Sourc
 from jetwake.connectors.kafka.serde import KafkaRecord, deserialize_all
 from jetwake.connectors.kafka.client_log import with_client_log
 
-__all__ = ["KafkaSourceProcessor", "KafkaSourceError", "KafkaDeserializationError",
-           "MetadataPoller", "owner_of_partition"]
+__all__ = ["KafkaSourceProcessor", "KafkaSourceEntries", "KafkaSourceError",
+           "KafkaDeserializationError", "MetadataPoller", "owner_of_partition"]
 
 log = logging.getLogger("jetwake.kafka")
 
 OFFSET_BEGINNING = -2
 OFFSET_END = -1
+
+
+class KafkaSourceEntries:
+    """The snapshot entry of a Kafka source processor, one codec for the processor (which
+    saves and restores it) and for the Spark backfill's hand-off (which writes it): under
+    ``BroadcastKey(("kafka-source", processor index))``, ``offsets``
+    ``[[topic, partition, next offset, highest event time or None], ...]`` and ``counts``,
+    each topic's number of partitions when it was saved."""
+
+    @staticmethod
+    def offsets(index: int, offsets: list[list], counts: dict[str, int]) -> tuple[BroadcastKey,
+                                                                                   dict]:
+        return BroadcastKey(("kafka-source", index)), \
+            {"offsets": offsets, "counts": [[t, n] for t, n in counts.items()]}
+
+    @staticmethod
+    def is_offsets(key: Any) -> bool:
+        return type(key) is BroadcastKey and type(key.key) is tuple \
+            and key.key[:1] == ("kafka-source",)
+
+    @staticmethod
+    def read(value: dict) -> tuple[list[list], list[list]]:
+        """``(offsets, counts)`` of an entry."""
+        return value["offsets"], value["counts"]
 
 
 class KafkaSourceError(JetwakeError):
@@ -211,12 +235,12 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         self.was_restored = True
         for key, value in inbox.drain():
-            if not (type(key) is BroadcastKey and type(key.key) is tuple
-                    and key.key[:1] == ("kafka-source",)):
+            if not KafkaSourceEntries.is_offsets(key):
                 continue
-            for t, n in value["counts"]:
+            offsets, counts = KafkaSourceEntries.read(value)
+            for t, n in counts:
                 self.restored_counts[t] = max(n, self.restored_counts.get(t, 0))
-            for t, p, off, top in value["offsets"]:
+            for t, p, off, top in offsets:
                 self.restored[(t, p)] = off
                 if top is not None:
                     self.restored_tops[(t, p)] = top
@@ -479,8 +503,7 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
         if self.commit_group and self.context.processing_guarantee != "none":
             self.snapshot_offsets[self.context.snapshot_id] = offsets
         return self.outbox.offer_to_snapshot(
-            BroadcastKey(("kafka-source", self.index)),
-            {"offsets": offsets, "counts": [[t, n] for t, n in self.counts.items()]})
+            *KafkaSourceEntries.offsets(self.index, offsets, self.counts))
 
     def _dead_letters_acknowledged(self) -> bool:
         """Whether the dead letters are acknowledged, checked without waiting; after 60 s of

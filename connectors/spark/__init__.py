@@ -1,7 +1,9 @@
-"""The Spark backfill: a Pipeline run on PySpark, handing off to a streaming job."""
+"""The Spark backfill's public names where they were first published: the backfill itself is
+a runtime of the engine (``jetwake.engine.backfill``), this package only re-exports it."""
 
-from jetwake.connectors.spark.runner import (
-    BackfillResult, BackfillTaskError, SparkMasterError, SparkRunner,
+from jetwake.engine.backfill import (
+    EVERY_WINDOW_CLOSED, BackfillResult, BackfillTaskError, SparkMasterError, SparkRunner,
 )
 
-__all__ = ["SparkRunner", "BackfillResult", "BackfillTaskError", "SparkMasterError"]
+__all__ = ["SparkRunner", "BackfillResult", "BackfillTaskError", "SparkMasterError",
+           "EVERY_WINDOW_CLOSED"]

@@ -36,15 +36,16 @@ class Source:
     ``PartitionedSource`` (engine/processors/source_event_time.py): a ``with_timestamps`` or
     ``with_native_timestamps`` stage right after it then runs inside it, with a watermark per
     partition.
+    ``spark``: how the Spark backfill reads the source (a ``SparkReader`` of
+    ``jetwake.engine.backfill.connector_forms``), or a
+    :class:`~jetwake.engine.pipeline.spark_form.NotOnSpark` saying why it cannot; None (a
+    source of the user's own) is refused by the backfill as a source without a Spark form.
     """
-
-    #: what the source reads, as plain data (``{"kind": "items", ...}``), for runners other
-    #: than the member's processors (the Spark backfill); None for a source they cannot run
-    spec: dict | None = None
 
     def __init__(self, name: str, processor: Any, *, is_stream: bool = False,
                  timestamp_fn: Callable[[Any], int] | None = None,
-                 emits_watermarks: bool = False, partitioned: bool = False) -> None:
+                 emits_watermarks: bool = False, partitioned: bool = False,
+                 spark: Any = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a source needs a non-empty name, got {name!r}")
         self.name = name
@@ -53,6 +54,7 @@ class Source:
         self.timestamp_fn = timestamp_fn
         self.emits_watermarks = emits_watermarks
         self.partitioned = partitioned
+        self.spark = spark
 
     @property
     def emits_pairs(self) -> bool:
@@ -69,18 +71,19 @@ class Sink:
 
     ``partition_key_fn``: when set, items reach the sink processor owning the key's partition
     (a sink keeping per-key order or per-key state needs it).
+    ``spark``: how the Spark backfill writes to the sink (a ``SparkWriter``), or a
+    ``NotOnSpark`` saying why it cannot (see :class:`Source`).
     """
 
-    #: what the sink writes, as plain data, for runners other than the member (see Source.spec)
-    spec: dict | None = None
-
     def __init__(self, name: str, processor: Any, *,
-                 partition_key_fn: Callable[[Any], Any] | None = None) -> None:
+                 partition_key_fn: Callable[[Any], Any] | None = None,
+                 spark: Any = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a sink needs a non-empty name, got {name!r}")
         self.name = name
         self.meta_supplier: ProcessorMetaSupplier = as_meta_supplier(processor, f"sink {name}")
         self.partition_key_fn = partition_key_fn
+        self.spark = spark
 
     def __repr__(self) -> str:
         return f"Sink({self.name!r})"

@@ -4,15 +4,18 @@ Stages build transforms; at submission each transform plans itself into the DAG
 (:meth:`Transform.add_to_dag`, called by ``planner.py`` in pipeline order). A transform's name
 is unique in its pipeline and names its vertices, so saved state can be matched to stages.
 
-Every Transform subclass defines its own ``add_to_dag``; a class that does not fails when it
-is defined (at import), so a new kind of stage cannot be left without a plan.
+Every Transform subclass defines its own ``add_to_dag`` and its own ``add_to_spark``, its form
+on the Spark backfill (``jetwake.engine.backfill``: the method calls the backfill's builder for
+its kind of stage), or says ``add_to_spark = NotOnSpark(reason)``; a class that does not fails
+when it is defined (at import), so a new kind of stage cannot be left without a plan on either
+runtime.
 """
 
 from __future__ import annotations
 
 from math import gcd
 from operator import itemgetter
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from jetwake.engine.core.errors import PipelineError
 from jetwake.engine.core.dag import Vertex
@@ -23,6 +26,7 @@ from jetwake.engine.pipeline.fusion import (
     internal_step, stateless_function, stateless_step, unwrap_step,
 )
 from jetwake.engine.pipeline.planner import ItemForm, Output, Planner, Routing
+from jetwake.engine.pipeline.spark_form import NotOnSpark
 from jetwake.engine.processors.aggregation import (
     AccumulateProcessor, AggregateProcessor, CombineProcessor,
 )
@@ -39,6 +43,10 @@ from jetwake.engine.processors.sliding_window import (
 from jetwake.engine.processors.source_event_time import EventTimeSpec
 from jetwake.engine.processors.sort import MergeSortedProcessor, SortProcessor
 from jetwake.engine.processors.stateless_stage import StatelessStageProcessor
+
+if TYPE_CHECKING:  # the backfill runs transforms; they only name its types
+    from jetwake.engine.backfill.stage_output import StageOut
+    from jetwake.engine.backfill.translate import Translator
 
 __all__ = [
     "Transform", "SourceTransform", "StatelessTransform", "AggregateTransform",
@@ -70,6 +78,16 @@ class Transform:
         if "add_to_dag" not in cls.__dict__:
             raise TypeError(f"{cls.__qualname__} must define add_to_dag(planner): how the "
                             "stage becomes vertices and edges")
+        if "add_to_spark" not in cls.__dict__:
+            raise TypeError(f"{cls.__qualname__} must define add_to_spark(backfill): how the "
+                            "Spark backfill runs the stage (or add_to_spark = "
+                            "NotOnSpark(reason) when it cannot)")
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        """Adds this stage's Spark form to ``backfill`` (jetwake.engine.backfill): calls the
+        backfill's method for this kind of stage, which builds its RDDs from the outputs of
+        the upstream stages; returns the stage's output (None for a sink, written later)."""
+        raise NotImplementedError(f"{type(self).__qualname__}.add_to_spark")
 
     def add_to_dag(self, planner: Planner) -> None:
         """Adds this stage's vertices and edges to ``planner.dag``, connected to the outputs
@@ -87,6 +105,9 @@ class SourceTransform(Transform):
         super().__init__([])
         self.source = source
 
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.source(self)
+
     def add_to_dag(self, planner: Planner) -> None:
         v = planner.vertex(self.name, self.source.meta_supplier, self)
         planner.set_output(self, Output(v, form=ItemForm.NATIVE_PAIRS
@@ -99,6 +120,9 @@ class StatelessTransform(Transform):
         self.kind = op
         self.op = op
         self.fn = fn
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.stateless(self)
 
     def add_to_dag(self, planner: Planner) -> None:
         up = self.upstream[0]
@@ -127,6 +151,9 @@ class AggregateTransform(Transform):
         super().__init__([upstream])
         self.op = op
         self.key_fn = key_fn
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.aggregate(self)
 
     def add_to_dag(self, planner: Planner) -> None:
         """Keyed: accumulate and combine vertices joined by a distributed partitioned edge;
@@ -162,6 +189,9 @@ class DistinctTransform(Transform):
         super().__init__([upstream])
         self.key_fn = key_fn
 
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.distinct(self)
+
     def add_to_dag(self, planner: Planner) -> None:
         key_fn = self.key_fn
         v = planner.vertex(self.name, lambda: DistinctProcessor(key_fn), self)
@@ -179,6 +209,9 @@ class SortTransform(Transform):
         self.key = key
         self.reverse = reverse
 
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.sort(self)
+
     def add_to_dag(self, planner: Planner) -> None:
         key, reverse = self.key, self.reverse
         local = planner.vertex(f"{self.name}-local", lambda: SortProcessor(key, reverse), self)
@@ -195,6 +228,9 @@ class RebalanceTransform(Transform):
         super().__init__([upstream])
         self.key_fn = key_fn
 
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.rebalance(self)
+
     def add_to_dag(self, planner: Planner) -> None:
         # no vertex: the next stage's inbound edge becomes distributed (and partitioned)
         out = planner.output(self.upstream[0])
@@ -203,6 +239,9 @@ class RebalanceTransform(Transform):
 
 class MergeTransform(Transform):
     kind = "merge"
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.merge(self)
 
     def add_to_dag(self, planner: Planner) -> None:
         v = planner.vertex(self.name, PassThroughProcessor, self)
@@ -227,6 +266,9 @@ class HashJoinTransform(Transform):
         self.join_fn = join_fn
         self.outer = outer
 
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.hash_join(self)
+
     def add_to_dag(self, planner: Planner) -> None:
         args = (self.key_fn, self.build_key_fn, self.build_value_fn, self.join_fn, self.outer)
         v = planner.vertex(self.name, lambda: HashJoinProcessor(*args), self)
@@ -244,6 +286,10 @@ class CustomTransform(Transform):
         super().__init__([upstream])
         self.processor_supplier = processor_supplier
 
+    add_to_spark = NotOnSpark(
+        "a custom_transform: its processors run only on a jetwake member, Spark cannot run "
+        "them; express it with map/flat_map/map_stateful or run the pipeline on a member")
+
     def add_to_dag(self, planner: Planner) -> None:
         v = planner.vertex(self.name, self.processor_supplier, self)
         planner.connect(self, self.upstream[0], v)
@@ -256,6 +302,10 @@ class SinkTransform(Transform):
     def __init__(self, upstream: Transform, sink: Sink) -> None:
         super().__init__([upstream])
         self.sink = sink
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        backfill.sink(self)
+        return None
 
     def add_to_dag(self, planner: Planner) -> None:
         v = planner.vertex(self.name, self.sink.meta_supplier, self)
@@ -273,6 +323,10 @@ class SideSinkTransform(SinkTransform):
     owner wires it while planning itself (:func:`_plan_side_sink`)."""
 
     kind = "side-sink"
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        backfill.sink(self)
+        return None
 
     def add_to_dag(self, planner: Planner) -> None:
         pass  # planned by the transform that owns the side output
@@ -344,6 +398,9 @@ class TimestampTransform(Transform):
                 and not self.policy_factory().is_real_time
                 and sum(any(u is up for u in t.upstream) for t in transforms) == 1)
 
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.timestamps(self)
+
     def add_to_dag(self, planner: Planner) -> None:
         up = self.upstream[0]
         ts_fn, factory, idle = self.timestamp_fn, self.policy_factory, self.idle_timeout
@@ -388,6 +445,9 @@ class WindowAggregateTransform(Transform):
         self.key_fns = key_fns  # None: keyless
         self.post = post        # a flat-map over the window results (the windowed join)
         self.side_sink: Sink | None = None  # late events
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.window_aggregate(self)
 
     def add_to_dag(self, planner: Planner) -> None:
         """Sliding and tumbling windows of operations that combine: a frame-accumulate
@@ -467,6 +527,9 @@ class RollingAggregateTransform(Transform):
         self.op = op
         self.key_fn = key_fn
 
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.rolling_aggregate(self)
+
     def add_to_dag(self, planner: Planner) -> None:
         timestamped = planner.output(self.upstream[0]).form is _TIMESTAMPED
         name, op, key_fn = self.name, self.op, self.key_fn
@@ -486,6 +549,9 @@ class MapStatefulTransform(Transform):
         self.key_fn = key_fn
         self.ttl = ttl
         self.on_evict = on_evict
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.map_stateful(self)
 
     def add_to_dag(self, planner: Planner) -> None:
         timestamped = planner.output(self.upstream[0]).form is _TIMESTAMPED

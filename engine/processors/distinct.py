@@ -8,7 +8,16 @@ from typing import Any, Callable
 from jetwake.engine.core.processor import Inbox, Processor
 from jetwake.snapshot.protocol.state_saver import StateSaver
 
-__all__ = ["DistinctProcessor"]
+__all__ = ["DistinctProcessor", "DistinctEntries"]
+
+
+class DistinctEntries:
+    """The snapshot entries of a distinct stage, one codec for its processor and for the
+    Spark backfill's hand-off: one entry per key seen."""
+
+    @staticmethod
+    def seen(key: Any) -> tuple[Any, bool]:
+        return key, True
 
 
 class DistinctProcessor(Processor):
@@ -33,7 +42,7 @@ class DistinctProcessor(Processor):
 
     def save_to_snapshot(self) -> bool:
         if self._saver is None:
-            self._saver = StateSaver((k, True) for k in list(self.seen))
+            self._saver = StateSaver(DistinctEntries.seen(k) for k in list(self.seen))
         if self._saver.save(self.outbox):
             self._saver = None
             return True

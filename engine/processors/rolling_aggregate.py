@@ -7,16 +7,47 @@ each output keeps its input's timestamp.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from jetwake.snapshot.state.state_snapshots import (
     restore_keyed_state, saved_state_files, state_snapshot_entries,
 )
 from jetwake.engine.operations.aggregate import AggregateOperation
 from jetwake.engine.core.processor import Inbox
-from jetwake.engine.processors.event_time_base import MISSING, EventTimeProcessor
+from jetwake.engine.processors.event_time_base import (
+    MISSING, EventTimeProcessor, first, second,
+)
 
-__all__ = ["RollingAggregateProcessor"]
+__all__ = ["RollingAggregateProcessor", "RollingEntries", "roll"]
+
+
+def roll(accs: Any, items: Iterable[Any], key_fn: Callable[[Any], Any] | None,
+         create: Callable[[], Any], accumulate: Callable[[Any, Any], Any],
+         export: Callable[[Any], Any]) -> list:
+    """The per-key step of a rolling aggregate over a run of items: each item updates its
+    key's accumulator in ``accs`` (a dict, or a keyed state store), and its result is
+    ``(key, export(acc))`` (keyless: ``export(acc)``), in the items' order. The member's
+    processor and the Spark backfill both aggregate with this."""
+    get = accs.get
+    out: list[Any] = []
+    append = out.append
+    for x in items:
+        k = key_fn(x) if key_fn is not None else None
+        acc = get(k, MISSING)
+        acc = accumulate(create() if acc is MISSING else acc, x)
+        accs[k] = acc
+        append((k, export(acc)) if key_fn is not None else export(acc))
+    return out
+
+
+class RollingEntries:
+    """The snapshot entries of a rolling aggregate, one codec for its processor (which saves
+    and restores them) and for the Spark backfill's hand-off (which writes them): per key its
+    accumulator (restored accumulators of one key are combined)."""
+
+    @staticmethod
+    def accumulator(key: Any, acc: Any) -> tuple[Any, Any]:
+        return key, acc
 
 
 class RollingAggregateProcessor(EventTimeProcessor):
@@ -40,26 +71,12 @@ class RollingAggregateProcessor(EventTimeProcessor):
             return
         items = inbox.drain()
         op = self.op
-        create, accumulate, export = op.create, op.accumulate, self._export
-        accs = self.accs
-        get = accs.get
-        key_fn = self.key_fn
-        out: list[Any] = []
-        append = out.append
         if self.timestamped:
-            for t, x in items:
-                k = key_fn(x) if key_fn is not None else None
-                acc = get(k, MISSING)
-                acc = accumulate(create() if acc is MISSING else acc, x)
-                accs[k] = acc
-                append((t, (k, export(acc)) if key_fn is not None else export(acc)))
+            out = list(zip(map(first, items), roll(self.accs, list(map(second, items)),
+                                                   self.key_fn, op.create, op.accumulate,
+                                                   self._export)))
         else:
-            for x in items:
-                k = key_fn(x) if key_fn is not None else None
-                acc = get(k, MISSING)
-                acc = accumulate(create() if acc is MISSING else acc, x)
-                accs[k] = acc
-                append((k, export(acc)) if key_fn is not None else export(acc))
+            out = roll(self.accs, items, self.key_fn, op.create, op.accumulate, self._export)
         self._emit(out)
         self._flush()
 
@@ -78,7 +95,7 @@ class RollingAggregateProcessor(EventTimeProcessor):
             return files
         if not isinstance(self.accs, dict):
             self.accs.flush()  # phase 1: the write-back cache reaches disk in one batch
-        return iter(self.accs.items())
+        return (RollingEntries.accumulator(k, acc) for k, acc in self.accs.items())
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         combine = self.op.combine

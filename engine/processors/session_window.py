@@ -21,7 +21,8 @@ from jetwake.engine.operations.aggregate import AggregateOperation
 from jetwake.engine.operations.window_definition import WindowDefinition
 from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
 from jetwake.engine.core.processor import BroadcastKey, Inbox
-from jetwake.engine.processors.sliding_window import _WM_KEY, _WindowBase
+from jetwake.engine.processors.sliding_window import _WindowBase
+from jetwake.engine.processors.window_entries import WindowEntries
 
 __all__ = ["SessionWindowProcessor", "add_to_sessions"]
 
@@ -178,17 +179,17 @@ class SessionWindowProcessor(_WindowBase):
         return self._flush()
 
     def _snapshot_entries(self):
-        yield BroadcastKey(_WM_KEY), self.min_ts
+        yield WindowEntries.watermark(self.min_ts)
         for k, ss in self.sessions.items():
-            yield k, [list(s) for s in ss]
+            yield WindowEntries.sessions(k, ss)
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         for key, value in inbox.drain():
             if isinstance(key, BroadcastKey):
-                if key.key == _WM_KEY:
+                if key.key == WindowEntries.WATERMARK:
                     self.restore_watermark(value)
                 continue
-            ss = sorted((list(s) for s in value), key=lambda s: s[0])
+            ss = WindowEntries.read_sessions(value)
             self.sessions[key] = ss
             self._push(min(s[1] for s in ss), key)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from itertools import repeat
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from jetwake.engine.operations.aggregate import AggregateOperation, _identity
 from jetwake.engine.operations.window_definition import WindowDefinition, items_by_frame
@@ -35,11 +35,11 @@ from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
 from jetwake.engine.core.stream_items import Watermark
 from jetwake.engine.operations.watermark_policy import NO_WATERMARK
 from jetwake.engine.processors.event_time_base import MISSING, EventTimeProcessor, first, second
+from jetwake.engine.processors.window_entries import WindowEntries
 
 __all__ = ["FrameAccumulateProcessor", "WindowCombineProcessor", "SlidingWindowProcessor",
-           "composite_operation"]
+           "composite_operation", "accumulate_frames", "accumulate_windows"]
 
-_WM_KEY = "window-watermark"
 
 # results are built with tuple.__new__, skipping the Python-level __new__ (one call per result)
 _new = tuple.__new__
@@ -68,6 +68,51 @@ def composite_operation(ops: Sequence[AggregateOperation]) -> AggregateOperation
         lambda: [op.create() for op in ops], accumulate, combine, deduct,
         export=lambda a: tuple(ops[i].export(a[i]) for i in range(n)),
         finish=lambda a: tuple(ops[i].finish(a[i]) for i in range(n)))
+
+
+def accumulate_frames(table_of: Callable[[int], dict], tss: list[int], xs: list,
+                      slide: int, key_fn: Callable[[Any], Any] | None,
+                      accumulate_grouped: Callable[[dict, Iterable, list], None]) -> None:
+    """The per-key step of the windows' first stage over a run of events (times ``tss``,
+    items ``xs``): each item accumulated into its key's accumulator of its frame, in the
+    table ``table_of(frame start)``, with one ``accumulate_grouped`` call per frame (one per
+    run when the run lies in one frame, the common case). The member's accumulating processor
+    and the Spark backfill both accumulate frames with this."""
+    lo, hi = min(tss), max(tss)
+    f_lo = lo - lo % slide
+    if f_lo == hi - hi % slide:
+        accumulate_grouped(table_of(f_lo), map(key_fn, xs) if key_fn is not None
+                           else repeat(None, len(xs)), xs)
+        return
+    for f, items in items_by_frame(zip(tss, xs), slide).items():
+        accumulate_grouped(table_of(f), map(key_fn, items) if key_fn is not None
+                           else repeat(None, len(items)), items)
+
+
+def accumulate_windows(windows: dict[int, dict], events: Iterable[tuple[int, Any]],
+                       key_fn: Callable[[Any], Any] | None, slide: int, size: int,
+                       accumulate_grouped: Callable[[dict, Iterable, list], None]) -> None:
+    """The per-key step of sliding windows whose operation cannot combine, over a run of
+    ``(time, item)`` events: each item accumulated into its key's accumulator of every window
+    holding it (``size // slide`` windows), in ``windows`` (window end -> key -> acc), with one
+    ``accumulate_grouped`` call per window end. The member's processor and the Spark backfill
+    both accumulate with this."""
+    by_end: dict[int, tuple[list, list]] = {}
+    for t, x in events:
+        f = t - t % slide
+        k = key_fn(x) if key_fn is not None else None
+        for e in range(f + slide, f + size + 1, slide):
+            kb = by_end.get(e)
+            if kb is None:
+                by_end[e] = ([k], [x])
+            else:
+                kb[0].append(k)
+                kb[1].append(x)
+    for e, (keys, xs) in by_end.items():
+        table = windows.get(e)
+        if table is None:
+            table = windows[e] = {}
+        accumulate_grouped(table, keys, xs)
 
 
 class _WindowBase(EventTimeProcessor):
@@ -151,19 +196,8 @@ class FrameAccumulateProcessor(_WindowBase):
                 return
             tss = list(map(first, items))
             lo = min(tss)
-        hi = max(tss)
-        slide = self.slide
-        op = self.ops[ordinal]
-        key_fn = self.key_fns[ordinal]
-        f_lo = lo - lo % slide
-        if f_lo == hi - hi % slide:
-            payloads = list(map(second, items))
-            keys = map(key_fn, payloads) if key_fn is not None else repeat(None, len(payloads))
-            op.accumulate_grouped(self._tables(f_lo)[ordinal], keys, payloads)
-            return
-        for f, payloads in items_by_frame(items, slide).items():
-            keys = map(key_fn, payloads) if key_fn is not None else repeat(None, len(payloads))
-            op.accumulate_grouped(self._tables(f)[ordinal], keys, payloads)
+        accumulate_frames(lambda f: self._tables(f)[ordinal], tss, list(map(second, items)),
+                          self.slide, self.key_fns[ordinal], self.ops[ordinal].accumulate_grouped)
 
     def _frame_items(self, f: int, tables: list[dict]) -> list:
         if self.n == 1:
@@ -205,16 +239,16 @@ class FrameAccumulateProcessor(_WindowBase):
         return self._flush()
 
     def _snapshot_entries(self):
-        yield BroadcastKey(_WM_KEY), self.min_ts
+        yield WindowEntries.watermark(self.min_ts)
         for f, tables in self.frames.items():
             for i, t in enumerate(tables):
                 for k, a in t.items():
-                    yield k, (f, i, a)
+                    yield WindowEntries.frame_partial(k, f, i, a)
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         for key, value in inbox.drain():
             if isinstance(key, BroadcastKey):
-                if key.key == _WM_KEY:
+                if key.key == WindowEntries.WATERMARK:
                     self.restore_watermark(value)
                 continue
             f, i, acc = value
@@ -405,20 +439,20 @@ class WindowCombineProcessor(_WindowBase):
     # --- snapshots ---------------------------------------------------------------------------
 
     def _snapshot_entries(self):
-        yield BroadcastKey(_WM_KEY), self.min_ts
+        yield WindowEntries.watermark(self.min_ts)
         if self.next_end is not None:
-            yield BroadcastKey("window-next-end"), self.next_end
+            yield WindowEntries.next_end(self.next_end)
         for f, t in self.frames.items():
             for k, a in t.items():
-                yield k, (f, a)
+                yield WindowEntries.frame(k, f, a)
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         combine = self.op.combine
         for key, value in inbox.drain():
             if isinstance(key, BroadcastKey):
-                if key.key == _WM_KEY:
+                if key.key == WindowEntries.WATERMARK:
                     self.restore_watermark(value)
-                elif key.key == "window-next-end":
+                elif key.key == WindowEntries.NEXT_END:
                     self.next_end = value if self.next_end is None else min(self.next_end, value)
                 continue
             f, acc = value
@@ -449,26 +483,8 @@ class SlidingWindowProcessor(_WindowBase):
             return
         items = self._split_late(inbox.drain())
         self._flush()
-        size, slide = self.size, self.slide
-        key_fn = self.key_fn
-        windows = self.windows
-        op = self.op
-        by_end: dict[int, tuple[list, list]] = {}
-        for t, x in items:
-            f = t - t % slide
-            k = key_fn(x) if key_fn is not None else None
-            for e in range(f + slide, f + size + 1, slide):
-                kb = by_end.get(e)
-                if kb is None:
-                    by_end[e] = ([k], [x])
-                else:
-                    kb[0].append(k)
-                    kb[1].append(x)
-        for e, (keys, xs) in by_end.items():
-            table = windows.get(e)
-            if table is None:
-                table = windows[e] = {}
-            op.accumulate_grouped(table, keys, xs)
+        accumulate_windows(self.windows, items, self.key_fn, self.slide, self.size,
+                           self.op.accumulate_grouped)
 
     def _emit_upto(self, limit: int) -> None:
         finish = self.op.finish
@@ -510,15 +526,15 @@ class SlidingWindowProcessor(_WindowBase):
         return self._flush()
 
     def _snapshot_entries(self):
-        yield BroadcastKey(_WM_KEY), self.min_ts
+        yield WindowEntries.watermark(self.min_ts)
         for e, t in self.windows.items():
             for k, a in t.items():
-                yield k, (e, a)
+                yield WindowEntries.window(k, e, a)
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         for key, value in inbox.drain():
             if isinstance(key, BroadcastKey):
-                if key.key == _WM_KEY:
+                if key.key == WindowEntries.WATERMARK:
                     self.restore_watermark(value)
                 continue
             e, acc = value

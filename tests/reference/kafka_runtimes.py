@@ -376,7 +376,7 @@ def ttl_evicted_by_another_partition(spec: Spec, inputs: Inputs) -> bool:
     """A ``map_stateful`` ttl over several Kafka partitions where a key's state could be
     evicted before one of its events by the watermark of *another* partition.
 
-    The backfill's keyed pass (connectors/spark/keyed.py ``map_stateful``) takes the records
+    The backfill's keyed pass (engine/backfill/keyed.py ``map_stateful``) takes the records
     of several Kafka partitions merged by progress (translate.py ``_by_key_sorted``) and
     evicts every key of the task at the watermark the current record carries: its own
     partition's, capped at the hand-off's. So a key of a partition that is behind is evicted
@@ -422,7 +422,7 @@ def a_dropped_record_moved_the_watermark(spec: Spec, inputs: Inputs) -> bool:
     ttl stage moved the watermark that stage's next events meet, and so decides their fate.
 
     The backfill computes the watermark a window or ttl stage's records meet over Kafka from
-    the records that reach the stage (connectors/spark/translate.py
+    the records that reach the stage (engine/backfill/translate.py
     ``_own_partition_watermarks`` runs on the stage's input, after the stateless stages
     before it), so a record a ``filter``, a ``map`` returning None or an empty ``flat_map``
     dropped on the way does not move it; in the member the source's watermark moves with every
@@ -498,7 +498,7 @@ def a_partition_unread_at_the_split(inputs: Inputs, split: dict[str, list[int]])
     something of another.
 
     The hand-off watermark is computed over the partitions the backfill read records of
-    (connectors/spark/translate.py ``_TimestampTransform``: ``tops`` has no entry for an
+    (engine/backfill/translate.py ``timestamps``: ``tops`` has no entry for an
     empty range), so the windows it closes and the watermark the streaming job's window and
     ttl stages restore do not wait for that partition, whose records then arrive late in the
     streaming job; a streaming job that had read the same offsets would hold its watermark

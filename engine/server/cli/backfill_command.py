@@ -126,7 +126,7 @@ def _conf(pairs: list[str]) -> dict:
 
 
 def _until(text: str) -> Any:
-    from jetwake.connectors.spark.kafka_io import parse_until
+    from jetwake.engine.backfill.until import parse_until
     try:
         return parse_until(text)
     except ValueError as e:
@@ -145,17 +145,18 @@ def _quiet_spark(conf: dict, master: str, level: str, config_dir: str) -> dict:
         path.write_text(_LOG4J2_CONFIG.format(level=level.lower()), encoding="utf-8")
         options = f"-Dlog4j2.configurationFile={path.as_uri()}"
         if master.startswith("local"):
-            from jetwake.connectors.spark.runner import LOCAL_DRIVER_JAVA_OPTIONS
+            from jetwake.engine.backfill.runner import LOCAL_DRIVER_JAVA_OPTIONS
             options = f"{LOCAL_DRIVER_JAVA_OPTIONS} {options}"
         out["spark.driver.extraJavaOptions"] = options
     return out
 
 
 def _needs_member(pipeline: Any) -> bool:
+    """Whether a source or sink of ``pipeline`` reads or writes a member's maps and lists
+    (its Spark reader or writer says so)."""
     for t in getattr(pipeline, "transforms", []):
-        spec = getattr(getattr(t, "source", None), "spec", None) or \
-            getattr(getattr(t, "sink", None), "spec", None)
-        if spec and spec.get("kind") in ("map", "list"):
+        connector = getattr(t, "source", None) or getattr(t, "sink", None)
+        if getattr(getattr(connector, "spark", None), "needs_member", False):
             return True
     return False
 
@@ -177,7 +178,7 @@ def _client(args: argparse.Namespace, for_snapshot: bool) -> Any:
 
 
 def _runner(master: str, conf: dict) -> Any:
-    from jetwake.connectors.spark import SparkRunner
+    from jetwake.engine.backfill import SparkRunner
     try:
         return SparkRunner(master=master, conf=conf)
     except ValueError as e:
@@ -214,7 +215,7 @@ def _member(args: argparse.Namespace, pipeline: Any) -> Any:
 def cmd_backfill(args: argparse.Namespace) -> int:
     """Runs ``jetwake backfill``: checks the options, loads FILE.py, runs it on Spark and
     prints the result."""
-    from jetwake.connectors.spark import BackfillTaskError
+    from jetwake.engine.backfill import BackfillTaskError
 
     conf = _conf(args.conf)
     until = _until(args.until)
@@ -253,7 +254,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         print(f"  {name}: {c['items_in']} in, {c['items_out']} out")
     for topic, parts in sorted(result.offsets.items()):
         print(f"  {topic}: stopped at " + ", ".join(f"{p}:{o}" for p, o in sorted(parts.items())))
-    from jetwake.connectors.spark.runner import EVERY_WINDOW_CLOSED
+    from jetwake.engine.backfill.runner import EVERY_WINDOW_CLOSED
     if result.watermark is not None and result.watermark >= EVERY_WINDOW_CLOSED:
         print("  every window closed (the input is bounded)")
     elif result.watermark is not None:

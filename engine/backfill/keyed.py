@@ -3,9 +3,14 @@
 Each function gets the records of one Spark partition, every key's records in order (event
 time, then position in the source, see ``translate.py``), and yields what the stage emits as
 ``("o", element)`` and, when the run exports a snapshot, the state the streaming job would hold
-at the hand-off as ``("s", (vertex, key, value))``: the same keys and value shapes as the
-processors' ``save_to_snapshot`` (engine/processors/*), so their restore code reads them
-unchanged (the hand-off tests check it against a real snapshot).
+at the hand-off as ``("s", (vertex, key, value))``, written with the processors' own snapshot
+codecs (``RollingEntries``, ``MapStatefulEntries``, ``WindowEntries``), so their restore code
+reads them unchanged (the hand-off tests check it against a real snapshot).
+
+The per-key steps are the processors' own: ``roll`` (rolling aggregates), ``KeyedStates``
+(``map_stateful``: a key's state, its ttl and its eviction, ``step`` and ``expire``), ``add_to_sessions`` (session
+merge) and ``accumulate_frames`` (the windows' frame accumulation); what is here is how a
+Spark partition's rows reach them, in order, with the watermark each would have met.
 
 An element is the item or, when ``timed``, ``(ts, wm, item)``: ``ts`` its event time, ``wm``
 the watermark the streaming job would have had just before the item (None when it cannot be
@@ -15,24 +20,26 @@ shape of its input's.
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_left
-from itertools import repeat
+from itertools import islice
 from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator
 
-from jetwake.engine.core.processor import BroadcastKey
 from jetwake.engine.operations.aggregate import AggregateOperation
-from jetwake.engine.operations.window_definition import items_by_frame
 from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
 from jetwake.engine.processors.event_time_base import call_with_arity
-from jetwake.engine.processors.map_stateful import END_OF_TIME, expired_keys
+from jetwake.engine.processors.map_stateful import (
+    END_OF_TIME, NOT_EXPIRED, KeyedStates, MapStatefulEntries,
+)
+from jetwake.engine.processors.rolling_aggregate import RollingEntries, roll
+from jetwake.engine.backfill.chunks import CHUNK
 from jetwake.engine.processors.session_window import add_to_sessions
+from jetwake.engine.processors.sliding_window import accumulate_frames, accumulate_windows
+from jetwake.engine.processors.window_entries import WindowEntries
 
 __all__ = ["rolling", "map_stateful", "frame_windows", "sessions", "sliding_no_combine",
-           "WM_KEY", "NO_CUT"]
+           "NO_CUT"]
 
-WM_KEY = "window-watermark"  # sliding_window._WM_KEY: the window processors' watermark entry
 NO_CUT = None  # a bounded run: every window closes, as at the end of a batch job
 _MISSING = object()
 _TS, _WM, _ITEM = itemgetter(0), itemgetter(1), itemgetter(2)
@@ -43,22 +50,25 @@ Row = tuple  # ((partition id, order...), element)
 def rolling(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | None,
             vertex: str, export_state: bool, timed: bool) -> Iterator[tuple]:
     """``rolling_aggregate``: each item updates its key's accumulator and emits the result
-    (``(key, result)`` keyed, the result alone keyless), keeping the item's time."""
+    (``(key, result)`` keyed, the result alone keyless), keeping the item's time; a chunk of
+    rows at a time through the processor's own step (``roll``)."""
     create, accumulate = op.create, op.accumulate
     export = op.detached_export(create())
     accs: dict = {}
-    get = accs.get
-    for _, e in rows:
-        x = e[2] if timed else e
-        k = key_fn(x) if key_fn is not None else None
-        acc = get(k, _MISSING)
-        acc = accumulate(create() if acc is _MISSING else acc, x)
-        accs[k] = acc
-        r = (k, export(acc)) if key_fn is not None else export(acc)
-        yield "o", ((e[0], e[1], r) if timed else r)
+    rows = iter(rows)
+    while True:
+        es = [e for _, e in islice(rows, CHUNK)]
+        if not es:
+            break
+        if not timed:
+            for r in roll(accs, es, key_fn, create, accumulate, export):
+                yield "o", r
+            continue
+        for e, r in zip(es, roll(accs, map(_ITEM, es), key_fn, create, accumulate, export)):
+            yield "o", (e[0], e[1], r)
     if export_state:
         for k, acc in accs.items():
-            yield "s", (vertex, k, acc)
+            yield "s", (vertex, *RollingEntries.accumulator(k, acc))
 
 
 def map_stateful(rows: Iterable[Row], create_fn: Callable, map_fn: Callable,
@@ -80,21 +90,18 @@ def map_stateful(rows: Iterable[Row], create_fn: Callable, map_fn: Callable,
     this task has read (never above any key's own). A record more than the ttl behind its own
     partition's watermark is late, as windows judge over Kafka."""
     evict_fn = call_with_arity(on_evict, 3) if on_evict is not None else None
-    states: dict = {}
-    last_ts: dict = {}
-    heap: list = []
-    seq = 0
+    expiring = ttl is not None and timestamped
+    keyed = KeyedStates(create_fn, map_fn, key_fn is not None, ttl if expiring else None)
+    apply = keyed.step()
     cur_wm = None
     n_late = 0
-    expiring = ttl is not None and timestamped
     part_wms: dict = {}  # over Kafka: the Spark partition -> its records' highest watermark
 
     def evict(wm: int) -> Iterator[tuple]:
-        for k in expired_keys(heap, last_ts, ttl, wm):  # type: ignore[arg-type]
-            yield from evicted(k, wm)
+        for k, state in keyed.expire(wm):
+            yield from evicted(k, state, wm)
 
-    def evicted(k: Any, wm: int) -> Iterator[tuple]:
-        state = states.pop(k)
+    def evicted(k: Any, state: Any, wm: int) -> Iterator[tuple]:
         if evict_fn is not None:
             r = evict_fn(state, k, wm)
             if r is not None:
@@ -125,22 +132,13 @@ def map_stateful(rows: Iterable[Row], create_fn: Callable, map_fn: Callable,
                     if cur_wm is None or low > cur_wm:
                         cur_wm = low
                         yield from evict(low)
-                if k in last_ts and last_ts[k] + ttl < wm:  # type: ignore[operator]
-                    del last_ts[k]
-                    yield from evicted(k, wm)
+                state = keyed.expire_key(k, wm)
+                if state is not NOT_EXPIRED:
+                    yield from evicted(k, state, wm)
             if ts < wm - ttl:  # type: ignore[operator]
                 n_late += 1
                 continue
-        state = states.get(k, _MISSING)
-        if state is _MISSING:
-            state = states[k] = create_fn()
-            if expiring:
-                last_ts[k] = ts
-                seq += 1
-                heapq.heappush(heap, (ts + ttl, seq, k))
-        elif expiring and ts > last_ts[k]:
-            last_ts[k] = ts
-        r = map_fn(state, k, x) if key_fn is not None else map_fn(state, x)
+        r = apply(k, ts, x)
         if r is not None:
             yield "o", ((ts, wm, r) if timed else r)
     if n_late:
@@ -154,9 +152,9 @@ def map_stateful(rows: Iterable[Row], create_fn: Callable, map_fn: Callable,
             yield from evict(cut)
     if export_state:
         wm_entry = cut if cut is not None else (cur_wm if cur_wm is not None else _NO_WM)
-        yield "s", (vertex, BroadcastKey("map-stateful-watermark"), wm_entry)
-        for k, state in states.items():
-            yield "s", (vertex, k, [state, last_ts.get(k)])
+        yield "s", (vertex, *MapStatefulEntries.watermark(wm_entry))
+        for k, state in keyed.states.items():
+            yield "s", (vertex, *MapStatefulEntries.state(k, state, keyed.last_ts.get(k)))
 
 
 _NO_WM = -(2 ** 63)  # watermark_policy.NO_WATERMARK
@@ -220,22 +218,23 @@ def frame_windows(key: Any, frames: dict, op: AggregateOperation, size: int, sli
         for f, a in frames.items():
             if f >= cut:
                 if n_inputs == 1:
-                    yield "s", (f"{vertex}-accumulate", key, (f, 0, a))
+                    yield "s", (f"{vertex}-accumulate", *WindowEntries.frame_partial(key, f, 0, a))
                 else:
                     for i in range(n_inputs):
-                        yield "s", (f"{vertex}-accumulate", key, (f, i, a[i]))
+                        yield "s", (f"{vertex}-accumulate",
+                                    *WindowEntries.frame_partial(key, f, i, a[i]))
             elif f >= keep_from:
-                yield "s", (vertex, key, (f, a))
+                yield "s", (vertex, *WindowEntries.frame(key, f, a))
 
 
 def window_watermark_entries(vertex: str, cut: int, slide: int, two_stage: bool,
                              session: bool) -> list[tuple]:
     """The broadcast entries of a window stage's processors at watermark ``cut``."""
     if session or not two_stage:
-        return [(vertex, BroadcastKey(WM_KEY), cut)]
-    return [(vertex, BroadcastKey(WM_KEY), cut),
-            (vertex, BroadcastKey("window-next-end"), cut + slide),
-            (f"{vertex}-accumulate", BroadcastKey(WM_KEY), cut)]
+        return [(vertex, *WindowEntries.watermark(cut))]
+    return [(vertex, *WindowEntries.watermark(cut)),
+            (vertex, *WindowEntries.next_end(cut + slide)),
+            (f"{vertex}-accumulate", *WindowEntries.watermark(cut))]
 
 
 def sessions(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | None, gap: int,
@@ -272,34 +271,35 @@ def sessions(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | Non
                 continue
             yield result(k, s)
         if export_state and open_sessions:
-            yield "s", (vertex, k, [list(s) for s in open_sessions])
+            yield "s", (vertex, *WindowEntries.sessions(k, open_sessions))
 
 
 def sliding_no_combine(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | None,
                        size: int, slide: int, cut: int | None, vertex: str,
                        export_state: bool) -> Iterator[tuple]:
     """Sliding windows of an operation without ``combine``: each event is accumulated into
-    every window holding it (the one-stage plan)."""
-    create, accumulate, finish = op.create, op.accumulate, op.finish
+    every window holding it (the one-stage plan, the processor's ``accumulate_windows``), a
+    chunk of rows at a time."""
+    finish = op.finish
     keyed = key_fn is not None
-    windows: dict = {}  # key -> {window end: acc}
-    for _, (t, _, x) in rows:
-        k = key_fn(x) if key_fn is not None else None
-        table = windows.get(k)
-        if table is None:
-            table = windows[k] = {}
-        f = t - t % slide
-        for e in range(f + slide, f + size + 1, slide):
-            acc = table.get(e, _MISSING)
-            table[e] = accumulate(create() if acc is _MISSING else acc, x)
-    for k, table in windows.items():
-        for e in sorted(table):
-            if cut is not None and e > cut:
-                if export_state:
-                    yield "s", (vertex, k, (e, table[e]))
-                continue
-            r = finish(table[e])
-            yield "o", KeyedWindowResult(e - size, e, k, r) if keyed else WindowResult(e - size, e, r)
+    windows: dict = {}  # window end -> key -> acc
+    rows = iter(rows)
+    while True:
+        events = [(e[0], e[2]) for _, e in islice(rows, CHUNK)]
+        if not events:
+            break
+        accumulate_windows(windows, events, key_fn, slide, size, op.accumulate_grouped)
+    for e in sorted(windows):
+        table = windows[e]
+        if cut is not None and e > cut:
+            if export_state:
+                for k, acc in table.items():
+                    yield "s", (vertex, *WindowEntries.window(k, e, acc))
+            continue
+        for k, acc in table.items():
+            r = finish(acc)
+            yield "o", KeyedWindowResult(e - size, e, k, r) if keyed else \
+                WindowResult(e - size, e, r)
 
 
 def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callable | None,
@@ -320,6 +320,12 @@ def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callab
     frames: dict = {}
     n_late = 0
     accumulate_grouped = op.accumulate_grouped
+
+    def table_of(f: int) -> dict:
+        table = frames.get(f)
+        if table is None:
+            table = frames[f] = {}
+        return table
     for chunk in chunks:
         if columnar:
             tss, wms, xs = chunk
@@ -334,8 +340,7 @@ def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callab
             top = max((w for w in marks if w is not None), default=None)
         if not judge_late:
             top = None
-        lo = min(tss)
-        if top is not None and lo < top - top % slide:
+        if top is not None and min(tss) < top - top % slide:
             # an event is late when it is before the frame of the watermark it met
             keep = [i for i, (t, w) in enumerate(zip(tss, wms))
                     if w is None or t >= w - w % slide]
@@ -344,22 +349,7 @@ def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callab
                 continue
             tss = [tss[i] for i in keep]
             xs = [xs[i] for i in keep]
-            lo = min(tss)
-        hi = max(tss)
-        f_lo = lo - lo % slide
-        if f_lo == hi - hi % slide:
-            table = frames.get(f_lo)
-            if table is None:
-                table = frames[f_lo] = {}
-            accumulate_grouped(table, map(key_fn, xs) if key_fn is not None
-                               else repeat(None, len(xs)), xs)
-            continue
-        for f, items in items_by_frame(zip(tss, xs), slide).items():
-            table = frames.get(f)
-            if table is None:
-                table = frames[f] = {}
-            accumulate_grouped(table, map(key_fn, items) if key_fn is not None
-                               else repeat(None, len(items)), items)
+        accumulate_frames(table_of, tss, xs, slide, key_fn, accumulate_grouped)
     if n_late:
         late(n_late)
     if partitions == 1:

@@ -1,5 +1,6 @@
-"""Kafka in a backfill: the offset ranges to read, a reader per partition inside a Spark task,
-and a producer per Spark task for ``Sinks.kafka``.
+"""Kafka on the Spark backfill: ``Sources.kafka``'s Spark reader (the offset ranges to read, a
+consumer per partition inside a Spark task) and ``Sinks.kafka``'s Spark writer (a producer per
+Spark task).
 
 Why readers in Spark tasks rather than Spark's own Kafka source: measured on one topic, the
 readers take 2.1M records/s into the pipeline, Spark's source 0.15M/s handing JVM rows to Python
@@ -11,18 +12,18 @@ repository at start-up, in the version of Spark.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Any, Callable, Iterator
 
+from jetwake.engine.backfill.connector_forms import SparkReader, SparkWriter
+from jetwake.engine.backfill.stage_output import StageOut
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.connectors.kafka.serde import KafkaRecord
 from jetwake.connectors.kafka.client_log import with_client_log
-from jetwake.connectors.kafka.source import KafkaDeserializationError
+from jetwake.connectors.kafka.source import KafkaDeserializationError, KafkaSourceEntries
 
-__all__ = ["BackfillKafkaError", "OffsetRange", "offset_ranges", "read_range",
-           "write_partition", "parse_until"]
+__all__ = ["BackfillKafkaError", "KafkaSparkReader", "KafkaSparkWriter", "OffsetRange",
+           "offset_ranges", "read_range", "write_partition"]
 
 
 class BackfillKafkaError(JetwakeError):
@@ -33,41 +34,78 @@ class BackfillKafkaError(JetwakeError):
 OffsetRange = tuple  # (topic, topic index, partition, start offset, end offset)
 
 
-def parse_until(until: Any) -> Any:
-    """``until`` checked: "latest", a timestamp in ms, a ``{topic: {partition: offset}}``
-    dict, or the path of a JSON file holding such a dict (the CLI's ``--until``)."""
-    if until == "latest":
-        return until
-    if isinstance(until, int) and not isinstance(until, bool):
-        if until < 0:
-            raise ValueError(f"until: a timestamp must be ms since the epoch, got {until}")
-        return until
-    if isinstance(until, str):
-        if until.isdigit():
-            return int(until)
-        if not os.path.isfile(until):
-            raise ValueError(f"until must be 'latest', a timestamp in ms, offsets as "
-                             f"{{topic: {{partition: offset}}}} or a JSON file of them; "
-                             f"{until!r} is none of these (no such file)")
+class KafkaSparkReader(SparkReader):
+    """``Sources.kafka`` on the Spark backfill: one Spark partition per Kafka partition, read
+    from the source's ``start`` up to the run's ``until`` by a consumer in the task, records
+    deserialized as the streaming source does. With a hand-off, the source's snapshot entry
+    (``KafkaSourceProcessor``'s) holds the next offset of every partition."""
+
+    def __init__(self, topics: list[str], properties: dict, start: Any,
+                 key_deserializer: Callable[[Any], Any] | None,
+                 value_deserializer: Callable[[Any], Any] | None,
+                 projection: Callable[[Any], Any] | None, on_error: str,
+                 dead_letter_topic: str | None) -> None:
+        self.topics = tuple(topics)
+        self.properties = properties
+        self.start = start
+        self.key_deserializer = key_deserializer
+        self.value_deserializer = value_deserializer
+        self.projection = projection
+        self.on_error = on_error
+        self.dead_letter_topic = dead_letter_topic
+
+    def bounds(self, until: Any) -> list[OffsetRange]:
+        return offset_ranges(self, until)
+
+    def read(self, backfill: Any, t: Any, bounds: Any) -> StageOut:
+        ranges: list[OffsetRange] = bounds
+        for topic, _, p, _, end in ranges:
+            backfill.offsets.setdefault(topic, {})[p] = end
+        count = backfill.task_counter()
+        rdd = backfill.sc.parallelize(ranges, max(1, len(ranges))).flatMap(
+            lambda r: read_range(r, self, count), preservesPartitioning=True)
+        if backfill.export_state:
+            rdd = rdd.persist()
+            self._hand_off_entry(backfill, t, ranges)
+        return StageOut(rdd, timed=True, unbounded=True)
+
+    @staticmethod
+    def _hand_off_entry(backfill: Any, t: Any, ranges: list[OffsetRange]) -> None:
+        """The source's snapshot entry (``KafkaSourceEntries``): the next
+        offset of every partition, and each partition's highest event time once the
+        timestamp stage that runs in the source has found it."""
+        counts: dict = {}
+        for topic, _, p, _, _ in ranges:
+            counts[topic] = max(counts.get(topic, 0), p + 1)
+        offsets = [[topic, p, end, None] for topic, _, p, _, end in ranges]
+        backfill.driver_state.append((t.name, *KafkaSourceEntries.offsets(0, offsets, counts)))
+
+        def record(tops: list) -> None:  # one Spark partition per Kafka partition
+            for i, ts in tops:
+                offsets[i][3] = ts
+        backfill.on_partition_tops(t, record)
+
+
+class KafkaSparkWriter(SparkWriter):
+    """``Sinks.kafka`` on the Spark backfill: a producer per task, idempotent, or with
+    ``exactly_once`` one transaction per task (see :func:`write_partition`)."""
+
+    def __init__(self, fmt: Any, exactly_once: bool | None) -> None:
+        self.fmt, self.exactly_once = fmt, exactly_once
+
+    def write(self, backfill: Any, t: Any, chunks: Any) -> int:
+        import uuid
+
+        fmt = self.fmt
+        txn = f"jetwake-backfill-{uuid.uuid4().hex[:12]}-{t.name}" if self.exactly_once \
+            else None
         try:
-            with open(until, encoding="utf-8") as f:
-                until = json.load(f)
-        except ValueError as e:
-            raise ValueError(f"until: {until} is not a JSON file of offsets: {e}") from None
-    if isinstance(until, dict):
-        out: dict[str, dict[int, int]] = {}
-        for topic, parts in until.items():
-            if not isinstance(topic, str) or not isinstance(parts, dict):
-                raise ValueError(f"until: offsets must be {{topic: {{partition: offset}}}}, "
-                                 f"got {until!r}")
-            try:
-                out[topic] = {int(p): int(o) for p, o in parts.items()}
-            except (TypeError, ValueError):
-                raise ValueError(f"until: partitions and offsets of {topic!r} must be "
-                                 f"integers, got {parts!r}") from None
-        return out
-    raise ValueError(f"until must be 'latest', a timestamp in ms or offsets "
-                     f"{{topic: {{partition: offset}}}}, got {until!r}")
+            return chunks.mapPartitionsWithIndex(lambda i, it: [write_partition(
+                i, it, fmt, f"{txn}-{i}" if txn else None)]).sum()
+        except BaseException:
+            if txn is not None:  # tasks Spark killed when the job failed left theirs open
+                fence_transactions(fmt, [f"{txn}-{i}" for i in range(chunks.getNumPartitions())])
+            raise
 
 
 def _consumer(props: dict, group: str) -> Any:
@@ -79,13 +117,14 @@ def _consumer(props: dict, group: str) -> Any:
     return Consumer(with_client_log(conf))
 
 
-def offset_ranges(spec: dict, until: Any, timeout: float = 10.0) -> list[OffsetRange]:
+def offset_ranges(source: KafkaSparkReader, until: Any,
+                  timeout: float = 10.0) -> list[OffsetRange]:
     """The ``[start, end)`` offsets of every partition of the source's topics: the start by
     the source's ``start``, the end by ``until``; fails when a topic is missing, the brokers
     do not answer or ``until`` lies before the start."""
     from confluent_kafka import KafkaException, TopicPartition
 
-    props = spec["properties"]
+    props = source.properties
     servers = props.get("bootstrap.servers")
     consumer = _consumer(props, "jetwake-backfill-ranges")
     try:
@@ -94,12 +133,12 @@ def offset_ranges(spec: dict, until: Any, timeout: float = 10.0) -> list[OffsetR
         except KafkaException as err:
             raise BackfillKafkaError(f"Sources.kafka(): the Kafka brokers at {servers} did not "
                                      f"answer within {timeout:.0f} s: {err}") from None
-        missing = [t for t in spec["topics"] if t not in md.topics
+        missing = [t for t in source.topics if t not in md.topics
                    or md.topics[t].error is not None or not md.topics[t].partitions]
         if missing:
             raise BackfillKafkaError(f"Sources.kafka(): topic(s) {missing} do not exist on "
                                      f"{servers}; create them first, or fix the topic names")
-        tps = [(t, ti, p) for ti, t in enumerate(spec["topics"])
+        tps = [(t, ti, p) for ti, t in enumerate(source.topics)
                for p in sorted(md.topics[t].partitions)]
         marks = {(t, p): consumer.get_watermark_offsets(TopicPartition(t, p), timeout=timeout)
                  for t, _, p in tps}
@@ -111,7 +150,7 @@ def offset_ranges(spec: dict, until: Any, timeout: float = 10.0) -> list[OffsetR
                                              else marks[(x.topic, x.partition)][1])
                     for x in found}
 
-        start = spec["start"]
+        start = source.start
         if start == "earliest":
             starts = {tp: lo for tp, (lo, _) in marks.items()}
         elif start == "latest":
@@ -150,7 +189,7 @@ def offset_ranges(spec: dict, until: Any, timeout: float = 10.0) -> list[OffsetR
         consumer.close()
 
 
-def read_range(r: OffsetRange, spec: dict, count: Callable[[str, int], None],
+def read_range(r: OffsetRange, source: KafkaSparkReader, count: Callable[[str, int], None],
                stall_timeout: float = 60.0) -> Iterator[list]:
     """The records of one offset range, in offset order, as chunks of elements ``(record time,
     None, item)`` (``chunks.py``), deserialized as the streaming source does; a record that
@@ -160,9 +199,9 @@ def read_range(r: OffsetRange, spec: dict, count: Callable[[str, int], None],
     topic, _, partition, start, end = r
     if end <= start:
         return
-    kd, vd = spec["key_deserializer"], spec["value_deserializer"]
-    projection = spec["projection"]
-    consumer = _consumer(spec["properties"], f"jetwake-backfill-{topic}")
+    kd, vd = source.key_deserializer, source.value_deserializer
+    projection = source.projection
+    consumer = _consumer(source.properties, f"jetwake-backfill-{topic}")
     dead = None
     tp = TopicPartition(topic, partition, start)
     consumer.assign([tp])
@@ -207,7 +246,7 @@ def read_range(r: OffsetRange, spec: dict, count: Callable[[str, int], None],
                                                   m.headers() or [])) \
                         if projection is not None else (k, v)
                 except Exception as e:  # noqa: BLE001 - fail or dead-letter, as the source does
-                    if spec["on_error"] != "dead_letter":
+                    if source.on_error != "dead_letter":
                         raise KafkaDeserializationError(
                             f"Sources.kafka(): cannot deserialize the record at topic "
                             f"{topic!r}, partition {partition}, offset {off}: "
@@ -215,7 +254,8 @@ def read_range(r: OffsetRange, spec: dict, count: Callable[[str, int], None],
                             "dead_letter_topic to route such records aside") from e
                     if dead is None:
                         from jetwake.connectors.kafka.dead_letter import DeadLetterWriter
-                        dead = DeadLetterWriter(spec["dead_letter_topic"], spec["properties"])
+                        assert source.dead_letter_topic is not None  # Sources.kafka checks
+                        dead = DeadLetterWriter(source.dead_letter_topic, source.properties)
                     dead.write(m, e)
                     count("dead_letters", 1)
                     n += 1
