@@ -135,8 +135,8 @@ class MapStatefulEntries:
 
 
 _MISSING = object()
-NOT_EXPIRED = object()
-IN_FILES = object()  # MapStatefulEntries.read: the state is restored from a checkpoint's files  # KeyedStates.expire_key: the key's state stays
+NOT_EXPIRED = object()  # KeyedStates.expire_key: the key's state stays
+IN_FILES = object()  # MapStatefulEntries.read: the state is restored from a checkpoint's files
 
 
 class MapStatefulProcessor(EventTimeProcessor):
