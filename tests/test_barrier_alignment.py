@@ -8,7 +8,7 @@ import time
 import pytest
 
 from jetwake import DAG, Edge, JobConfig, Member, Processor
-from snapshot_fixtures import CountingSource
+from support.snapshot_fixtures import CountingSource
 
 
 class Counter(Processor):

@@ -21,7 +21,7 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "state_shapes_process.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "support", "state_shapes_process.py")
 EVENTS = 8000
 KILLS = 3
 

@@ -13,11 +13,11 @@ import sys
 import time
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "member_process.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "support", "member_process.py")
 EVENTS = 6000
 
 
@@ -105,7 +105,7 @@ def test_rocksdb_state_left_by_a_killed_member_is_removed_at_the_next_start(tmp_
     proc = start(data_dir, rocksdb=True)
     try:
         wait_until(lambda: glob.glob(committed) and execution_dirs(data_dir),
-                   "a snapshot and the job's RocksDB state", timeout=60)
+                   what="a snapshot and the job's RocksDB state", timeout=60)
     finally:
         kill(proc)
     leftovers = execution_dirs(data_dir)
@@ -113,8 +113,8 @@ def test_rocksdb_state_left_by_a_killed_member_is_removed_at_the_next_start(tmp_
 
     proc = start(data_dir, rocksdb=True)
     try:
-        wait_until(lambda: execution_dirs(data_dir) - leftovers, "the resumed execution's state",
-                   timeout=60)
+        wait_until(lambda: execution_dirs(data_dir) - leftovers,
+                   what="the resumed execution's state", timeout=60)
         assert not execution_dirs(data_dir) & leftovers, "the crashed execution's state is gone"
     finally:
         kill(proc)

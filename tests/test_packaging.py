@@ -57,8 +57,8 @@ def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
 
 
 def test_the_wheel_holds_every_package(wheel_files: set[str]) -> None:
-    packages = {path.relative_to(ROOT).parent
-                for folder in PACKAGE_DIR.values() for path in (ROOT / folder).rglob("__init__.py")}
+    packages = {path.relative_to(ROOT).parent for folder in PACKAGE_DIR.values()
+                for path in (ROOT / folder).rglob("__init__.py")}
     assert len(packages) > 20, packages      # the folders were found: engine/core, ...
     expected = {place for place in _expected_files() if place.endswith("/__init__.py")}
     assert len(expected) == len(packages)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from jetwake import JobConfig, JobStatus, Member, Pipeline, Sinks
-from snapshot_fixtures import counting_source
+from support.snapshot_fixtures import counting_source
 
 LIMIT = 20_000
 

@@ -9,7 +9,7 @@ from jetwake import (
     AggregateOperations as ops, KeyedWindowResult, Member, Pipeline, Sinks, Sources, TestSources,
     WindowDefinition, WindowResult,
 )
-from window_reference import make_events
+from support.window_reference import make_events
 
 
 def two_streams(p, left, right, lag=30):

@@ -1,6 +1,6 @@
 """A member process for the Kafka fault tests (tests/test_kafka_faults.py).
 
-    python tests/kafka_job_process.py DATA_DIR BOOTSTRAP IN_TOPIC OUT_TOPIC [options]
+    python tests/support/kafka_job_process.py DATA_DIR BOOTSTRAP IN_TOPIC OUT_TOPIC [options]
 
 Opens ``Member(DATA_DIR)``. A job that was running there resumes from its last snapshot by
 itself; if the directory holds no job yet, the script submits

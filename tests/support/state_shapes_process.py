@@ -1,7 +1,7 @@
 """A member process running one stateful pipeline whose state is changed in place, for the
 exactly-once kill tests (run as a script; the tests SIGKILL it).
 
-    python tests/state_shapes_process.py DATA_DIR SHAPE EVENTS BACKEND [check]
+    python tests/support/state_shapes_process.py DATA_DIR SHAPE EVENTS BACKEND [check]
 
 The "kafka_*" shapes read the topic ``$STATE_IN_TOPIC`` and write ``$STATE_OUT_TOPIC`` with the
 exactly-once Kafka sink, on the broker ``$KAFKA_BOOTSTRAP_SERVERS``; the test produces the input

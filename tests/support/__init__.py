@@ -1,0 +1,24 @@
+"""What the test modules share: the helpers they import (``from support.waiting import
+wait_until``), the pytest plugin of the Kafka broker, and the scripts the fault tests run as
+processes and kill.
+
+The test modules find this package because pytest puts tests/ on sys.path (tests/conftest.py is
+a rootdir conftest; tests/ is no package). The scripts are run by path, and each puts tests/ on
+sys.path itself before importing from here. ``tests/reference/`` stays apart: it is the
+conformance suite's reference model, not a helper.
+
+- ``waiting``: ``wait_until``, the one way a test waits for something.
+- ``kafka_broker``: the pytest plugin of the Kafka broker (tests/conftest.py loads it), with
+  ``local_kafka/kafka_local.py`` (also ``make kafka-up``).
+- ``cluster_processes``: member processes of a cluster (``jetwake member start``), and the
+  ``three`` fixture.
+- ``dashboard``: a ``jetwake member start`` process with the dashboard on, HTTP calls that keep
+  an error's status, a streaming job file.
+- ``network_partition``: Linux network namespaces on one bridge, to cut members off (as root).
+- ``snapshot_fixtures``: a throttled counting source and a keyed running sum, both saving state.
+- ``spark_fixtures``: one local SparkSession for the session (``spark_runner``), and running a
+  pipeline on Spark and on an embedded member.
+- ``window_reference``: windows computed the obvious way, for the window tests to compare with.
+- scripts the fault tests run and SIGKILL: ``member_process.py``, ``state_shapes_process.py``,
+  ``kafka_job_process.py``, ``conformance_process.py``.
+"""
