@@ -16,15 +16,25 @@ import pytest
 from support.kafka_job import (
     Proc, Reader, check_exactly_once, expected_counts, produce, produce_slowly,
 )
+from support.restores import restored_snapshots, wait_for_a_new_snapshot
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.faults]
+
+
+def kill_after_a_snapshot(proc: Proc, data_dir: str, moment: float) -> None:
+    """Kills ``proc`` ``moment`` seconds after it has committed a snapshot of its own (a kill
+    before any snapshot would leave the next run nothing to restore)."""
+    wait_for_a_new_snapshot(data_dir)
+    time.sleep(moment)  # the moment of the kill is the experiment
+    proc.kill()
 
 
 def test_exactly_once_with_random_kills(kafka_bootstrap, kafka_topic, tmp_path):
     rnd = random.Random(20240605)
     tin, tout = kafka_topic(partitions=4), kafka_topic(partitions=3)
     total = 30_000
-    proc = Proc(str(tmp_path / "member"), kafka_bootstrap, tin, tout, "--interval-ms", "150")
+    data = str(tmp_path / "member")
+    proc = Proc(data, kafka_bootstrap, tin, tout, "--interval-ms", "150")
     reader = Reader(kafka_bootstrap, tout)
     feeder = None
     try:
@@ -32,9 +42,8 @@ def test_exactly_once_with_random_kills(kafka_bootstrap, kafka_topic, tmp_path):
             proc.start(wait_ready=round_ == 0)
             if round_ == 0:
                 feeder = produce_slowly(kafka_bootstrap, tin, total, 15.0)
-            time.sleep(rnd.uniform(1.5, 3.5))
+            kill_after_a_snapshot(proc, data, rnd.uniform(0.5, 2.5))
             reader.poll(0.1)
-            proc.kill()
         feeder.join(60)
         # the last run: no kill until everything is out
         proc.start()
@@ -44,6 +53,8 @@ def test_exactly_once_with_random_kills(kafka_bootstrap, kafka_topic, tmp_path):
         proc.kill()
         reader.close()
     check_exactly_once(reader.records, total)
+    # every run after the first went on from a snapshot of the one before
+    assert len(restored_snapshots(data)) >= 6, restored_snapshots(data)
 
 
 def test_exactly_once_killed_between_commit_record_and_kafka_commit(kafka_bootstrap,
@@ -74,7 +85,8 @@ def test_at_least_once_never_loses_with_kills(kafka_bootstrap, kafka_topic, tmp_
     rnd = random.Random(7)
     tin, tout = kafka_topic(partitions=3), kafka_topic(partitions=2)
     total = 12_000
-    proc = Proc(str(tmp_path / "member"), kafka_bootstrap, tin, tout, "--interval-ms", "150",
+    data = str(tmp_path / "member")
+    proc = Proc(data, kafka_bootstrap, tin, tout, "--interval-ms", "150",
                 "--guarantee", "at_least_once")
     reader = Reader(kafka_bootstrap, tout)
     try:
@@ -82,8 +94,7 @@ def test_at_least_once_never_loses_with_kills(kafka_bootstrap, kafka_topic, tmp_
             proc.start(wait_ready=round_ == 0)
             if round_ == 0:
                 feeder = produce_slowly(kafka_bootstrap, tin, total, 6.0)
-            time.sleep(rnd.uniform(1.0, 3.0))
-            proc.kill()
+            kill_after_a_snapshot(proc, data, rnd.uniform(0.5, 2.5))
         feeder.join(60)
         proc.start()
         want = expected_counts(total)
@@ -104,3 +115,4 @@ def test_at_least_once_never_loses_with_kills(kafka_bootstrap, kafka_topic, tmp_
     for k, n in want.items():
         missing = set(range(1, n + 1)) - by_key[k]
         assert not missing, f"key {k}: counts {sorted(missing)[:5]} never written"
+    assert len(restored_snapshots(data)) >= 3, restored_snapshots(data)

@@ -234,7 +234,7 @@ def await_stream(run: _Run, job: Any, want: dict[str, int], records: int, late: 
     ``records`` records; then, for :data:`GRACE` seconds, that no sink grows and nothing more
     is read. A job that has read everything and stayed unchanged for :data:`QUIET` seconds
     with less than that is taken as done (the comparison then says what is missing)."""
-    from support.waiting import wait_until  # tests/waiting.py
+    from support.waiting import wait_until
     seen: dict[str, Any] = {"state": None, "since": time.monotonic()}
 
     def done() -> str | None:

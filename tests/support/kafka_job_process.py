@@ -92,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from jetwake import JobConfig, Member
 
+    # run as a script: tests/ (where `support` is) is not on sys.path by itself
+    sys.path.insert(0, os.path.dirname(HERE))
+    from support.restores import record_restores
+    record_restores(args.data_dir)
+
     member = Member(args.data_dir, local_parallelism=args.parallelism)
     jobs = member.jobs()
     if not jobs:

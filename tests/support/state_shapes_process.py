@@ -28,6 +28,10 @@ from jetwake import (
     Sources, WindowDefinition,
 )
 
+# run as a script: tests/ (where `support` is) is not on sys.path by itself
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.restores import record_restores  # noqa: E402
+
 KEYS = 13
 WINDOW = 100
 LAG = 1000
@@ -165,6 +169,7 @@ def normalized(shape: str, value: Any) -> Any:
 def main() -> None:
     data_dir, shape, events, backend = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     check = len(sys.argv) > 5 and sys.argv[5] == "check"
+    record_restores(data_dir)
     member = Member(data_dir)
     kafka = shape.startswith("kafka_")
     if member.get_job(shape) is None:
