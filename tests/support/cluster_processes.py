@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,15 +20,10 @@ from pathlib import Path
 import pytest
 
 from jetwake import Client
+from support.ports import free_port
 from support.waiting import wait_until
 
 TOKEN = "cluster-test-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ClusterMemberProcess:
