@@ -22,6 +22,7 @@ from jetwake.connectors.kafka.sink import check_transaction_timeout
 from jetwake.connectors.kafka.source import owner_of_partition
 
 from support.kafka_job import Proc, Reader, check_exactly_once, produce
+from support.restores import restored_snapshots, wait_for_a_new_snapshot
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -161,12 +162,13 @@ def test_restore_with_another_parallelism(kafka_bootstrap, kafka_topic, tmp_path
     try:
         proc.start("--parallelism", "3", wait_ready=True)
         reader.wait_for(total // 2, 60)
-        time.sleep(0.5)
+        wait_for_a_new_snapshot(data)
         proc.kill()
         produce(kafka_bootstrap, tin, total // 2, total // 2)
         proc.start("--parallelism", "1")   # 3 processors per vertex -> 1
         reader.wait_for(total, 60)
         reader.poll(1.5)
+        wait_for_a_new_snapshot(data)
         proc.kill()
         print(proc.stderr_tail)
         produce(kafka_bootstrap, tin, total, total // 2)
@@ -178,6 +180,8 @@ def test_restore_with_another_parallelism(kafka_bootstrap, kafka_topic, tmp_path
         reader.close()
     print(proc.stderr_tail)
     check_exactly_once(reader.records, total + total // 2)
+    # both restarts went on from a snapshot, each with another number of processors
+    assert len(restored_snapshots(data)) >= 2, restored_snapshots(data)
 
 
 def test_partition_added_while_running(kafka_bootstrap, kafka_topic):

@@ -17,6 +17,7 @@ from support.kafka_job import (
     Proc, Reader, check_exactly_once, expected_counts, produce, produce_slowly,
 )
 from support.restores import restored_snapshots, wait_for_a_new_snapshot
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.faults]
 
@@ -67,10 +68,8 @@ def test_exactly_once_killed_between_commit_record_and_kafka_commit(kafka_bootst
     reader = Reader(kafka_bootstrap, tout)
     try:
         proc.start("--die-in-phase2", "2")
-        end = time.monotonic() + 60
-        while proc.alive() and time.monotonic() < end:
-            time.sleep(0.1)
-        assert not proc.alive(), "the sink did not kill its process in phase 2"
+        wait_until(lambda: not proc.alive(), timeout=60,
+                   what="the sink to kill its process in phase 2")
         assert (data / "died-in-phase2").exists()
         proc.start()
         reader.wait_for(total, 90)
@@ -79,6 +78,8 @@ def test_exactly_once_killed_between_commit_record_and_kafka_commit(kafka_bootst
         proc.kill()
         reader.close()
     check_exactly_once(reader.records, total)
+    # the restarted job went on from the snapshot whose commit record was written
+    assert restored_snapshots(str(data)), "the restarted job was not restored from a snapshot"
 
 
 def test_at_least_once_never_loses_with_kills(kafka_bootstrap, kafka_topic, tmp_path):
