@@ -1,1 +1,1 @@
-pytest_plugins = ["kafka_broker"]
+pytest_plugins = ["support.kafka_broker"]

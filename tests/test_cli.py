@@ -5,9 +5,7 @@ SIGTERM and restart with the job resuming), and every error case of the CLI."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from jetwake import Client
 from jetwake.engine.server.cli import build_parser, main
-
-TOKEN = "tok-123"
+from support.cli_member import MemberProc, cli, free_port, ok
+from support.waiting import wait_until
 
 # a FILE.py with a custom unbounded source (its class travels to the member by value)
 COUNTER_PY = '''
@@ -93,93 +90,6 @@ def test_help_on_every_command_has_an_example(command, capsys):
 def test_every_command_is_in_the_parser():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(COMMANDS) <= set(sub.choices)
-
-
-# --- helpers ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MemberProc:
-    """A ``jetwake member start`` process; its log goes to a file."""
-
-    def __init__(self, tmp: Path, data_dir: Path | None, token: str | None = TOKEN,
-                 metrics: bool = False, env: dict | None = None) -> None:
-        self.port = free_port()
-        self.metrics_port = free_port() if metrics else None
-        self.address = f"127.0.0.1:{self.port}"
-        self.log_path = tmp / f"member-{self.port}.log"
-        cmd = [sys.executable, "-m", "jetwake.engine.server.cli", "member", "start",
-               "--port", str(self.port), "--cooperative-threads", "1",
-               "--local-parallelism", "1"]
-        if data_dir is not None:
-            cmd += ["--data-dir", str(data_dir)]
-        if token:
-            cmd += ["--token", token]
-        if self.metrics_port:
-            cmd += ["--metrics-port", str(self.metrics_port)]
-        self.token = token
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
-        self._wait_ready()
-
-    def _wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"member exited with {self.proc.returncode}:\n{self.log}")
-            try:
-                Client(self.address, token=self.token).close()
-                return
-            except Exception:  # noqa: BLE001 - not listening yet
-                time.sleep(0.05)
-        raise AssertionError(f"member not ready after {timeout} s:\n{self.log}")
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def client(self) -> Client:
-        return Client(self.address, token=self.token)
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
-
-
-def cli(*args: str, address: str | None = None, token: str | None = TOKEN,
-        timeout: float = 60.0, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JETWAKE_")}
-    if address:
-        env["JETWAKE_ADDRESS"] = address
-    if token:
-        env["JETWAKE_TOKEN"] = token
-    return subprocess.run([sys.executable, "-m", "jetwake.engine.server.cli", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
-
-
-def ok(r: subprocess.CompletedProcess) -> str:
-    assert r.returncode == 0, f"exit {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}"
-    return r.stdout
-
-
-def wait_until(cond, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture

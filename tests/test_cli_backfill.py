@@ -6,7 +6,6 @@ a stand-in for the SparkRunner where a run is needed."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,8 @@ from jetwake import Client, Member, SnapshotError
 from jetwake.connectors.spark import BackfillResult
 from jetwake.engine.server.cli import main
 from jetwake.snapshot.store.snapshot_store import SnapshotStore
+
+from support.ports import free_port
 
 BIN = Path(sys.executable).parent
 
@@ -87,12 +88,6 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_help_shows_the_args_after_a_double_dash(capsys):

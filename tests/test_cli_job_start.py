@@ -22,7 +22,7 @@ from jetwake.connectors.kafka.properties import SINK_OPTIONS, SOURCE_OPTIONS
 from jetwake.engine.server.cli import build_parser
 from jetwake.engine.server.client import RemoteError
 from jetwake.engine.server.member_service import MemberService
-from test_cli import TOKEN, MemberProc, cli, free_port
+from support.cli_member import TOKEN, MemberProc, cli, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster_processes import ClusterProcesses
-from test_cluster_jobs import _Output, _produce, _running_sums, _sums_job_file, _topic
-from waiting import wait_until
+from support.cluster_processes import ClusterProcesses
+from support.cluster_sums import (
+    Output, by_key, job_status, new_topic, produce_events, running_sums, submit_sums,
+    sums_job_file,
+)
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.faults]
 
@@ -24,60 +27,42 @@ def cluster(tmp_path: Path, kafka_bootstrap: str):
     c.stop_all()
 
 
-def _by_key(records: list[tuple[str, int]]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for k, v in records:
-        out.setdefault(k, []).append(v)
-    return out
-
-
 @pytest.mark.parametrize("victim", ["member", "coordinator"])
 def test_a_killed_member_s_job_goes_on_from_the_last_snapshot_on_the_survivors_exactly_once(
         cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str, victim: str) -> None:
     members = cluster.start(3)
-    source, sink = _topic(kafka_bootstrap), _topic(kafka_bootstrap)
+    source, sink = new_topic(kafka_bootstrap), new_topic(kafka_bootstrap)
     first = [(f"k{i % 19}", i) for i in range(2000)]
     second = [(f"k{i % 19}", i) for i in range(2000, 4000)]
-    _produce(kafka_bootstrap, source, first)
+    produce_events(kafka_bootstrap, source, first)
     coordinator = cluster.coordinator()
     submit_to = next(m for m in members if m is not coordinator)
     job = cluster.cli_json(submit_to, "submit",
-                           str(_sums_job_file(tmp_path, kafka_bootstrap, source, sink)),
+                           str(sums_job_file(tmp_path, kafka_bootstrap, source, sink)),
                            "--name", "sums", "--guarantee", "exactly_once",
                            "--snapshot-interval", "200")
-    out = _Output(kafka_bootstrap, sink)
-    wait_until(lambda: out.has(len(first)), "the first sums", 60, interval=0)
+    out = Output(kafka_bootstrap, sink)
+    wait_until(lambda: out.has(len(first)), what="the first sums", timeout=60, interval=0)
     wait_until(lambda: (cluster.cli_json(submit_to, "status", job["id"])
-                        .get("snapshot_count") or 0) >= 2, "two snapshots", 30, interval=0.2)
+                        .get("snapshot_count") or 0) >= 2,
+               what="two snapshots", timeout=30, interval=0.2)
     dead = coordinator if victim == "coordinator" else \
         next(m for m in members if m is not coordinator and m is not submit_to)
     dead.proc.send_signal(signal.SIGKILL)
     dead.proc.wait(10)
     survivor = next(m for m in members if m is not dead)
-    _produce(kafka_bootstrap, source, second)
+    produce_events(kafka_bootstrap, source, second)
     wait_until(lambda: out.has(len(first) + len(second)),
-               "the sums after the member loss", 120, interval=0)
+               what="the sums after the member loss", timeout=120, interval=0)
     out.drain()
     status = cluster.cli_json(survivor, "status", job["id"])
     out.close()
     assert status["status"] == "RUNNING"
     # the job went on before Kafka dropped the dead member; the cluster shows it gone soon
     wait_until(lambda: len(cluster.cluster(survivor)["members"]) == 2,
-               "the cluster to show two members", 30, interval=0.3)
+               what="the cluster to show two members", timeout=30, interval=0.3)
     assert len(out.records) == len(first) + len(second), "a record was written twice"
-    assert _by_key(out.records) == _running_sums(first + second)
-
-
-def _submit_sums(cluster: ClusterProcesses, member, tmp_path: Path, bootstrap: str,
-                 source: str, sink: str, *flags: str) -> dict:
-    return cluster.cli_json(member, "submit",
-                            str(_sums_job_file(tmp_path, bootstrap, source, sink)),
-                            "--name", "sums", "--guarantee", "exactly_once",
-                            "--snapshot-interval", "200", *flags)
-
-
-def _status(cluster: ClusterProcesses, member, job_id: str) -> dict:
-    return cluster.cli_json(member, "status", job_id)
+    assert by_key(out.records) == running_sums(first + second)
 
 
 class _SumsRun:
@@ -88,32 +73,32 @@ class _SumsRun:
     def __init__(self, cluster: ClusterProcesses, member, tmp_path: Path, bootstrap: str,
                  keys: int, *flags: str, count: int = 1000) -> None:
         self.cluster, self.bootstrap, self.keys = cluster, bootstrap, keys
-        self.source, sink = _topic(bootstrap), _topic(bootstrap)
+        self.source, sink = new_topic(bootstrap), new_topic(bootstrap)
         self.events: list[tuple[str, int]] = []
         self.feed(count)
-        self.job = _submit_sums(cluster, member, tmp_path, bootstrap, self.source, sink, *flags)
-        self.out = _Output(bootstrap, sink)
+        self.job = submit_sums(cluster, member, tmp_path, bootstrap, self.source, sink, *flags)
+        self.out = Output(bootstrap, sink)
         self.wait_for_all("the first sums", 60)
 
     def feed(self, count: int) -> None:
         """Writes the next ``count`` events to the source topic."""
         start = len(self.events)
         batch = [(f"k{i % self.keys}", i) for i in range(start, start + count)]
-        _produce(self.bootstrap, self.source, batch)
+        produce_events(self.bootstrap, self.source, batch)
         self.events += batch
 
     def wait_for_all(self, what: str, timeout: float) -> None:
-        wait_until(lambda: self.out.has(len(self.events)), what, timeout, interval=0)
+        wait_until(lambda: self.out.has(len(self.events)), what=what, timeout=timeout, interval=0)
 
     def status(self, member) -> dict:
-        return _status(self.cluster, member, self.job["id"])
+        return job_status(self.cluster, member, self.job["id"])
 
     def assert_exactly_once(self) -> None:
         """Reads what is still coming, then: every sum once, each key's sums exact."""
         self.out.drain()
         self.out.close()
         assert len(self.out.records) == len(self.events), "a record was written twice"
-        assert _by_key(self.out.records) == _running_sums(self.events)
+        assert by_key(self.out.records) == running_sums(self.events)
 
 
 def test_with_split_brain_protection_a_job_waits_without_a_quorum_and_resumes_when_a_member_returns(
@@ -127,7 +112,7 @@ def test_with_split_brain_protection_a_job_waits_without_a_quorum_and_resumes_wh
             m.proc.send_signal(signal.SIGKILL)
             m.proc.wait(10)
     wait_until(lambda: run.status(coordinator)["status"] == "NOT_RUNNING",
-               "the job to stop without a quorum", 60, interval=0.3)
+               what="the job to stop without a quorum", timeout=60, interval=0.3)
     assert "quorum of 2" in (run.status(coordinator)["failure"] or "")
     run.feed(500)
     cluster.start(1)  # two members again: a quorum
@@ -138,19 +123,19 @@ def test_with_split_brain_protection_a_job_waits_without_a_quorum_and_resumes_wh
 def test_without_auto_scaling_losing_a_member_suspends_the_job(
         cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
     members = cluster.start(2)
-    source, sink = _topic(kafka_bootstrap), _topic(kafka_bootstrap)
-    _produce(kafka_bootstrap, source, [("k", 1)])
+    source, sink = new_topic(kafka_bootstrap), new_topic(kafka_bootstrap)
+    produce_events(kafka_bootstrap, source, [("k", 1)])
     coordinator = cluster.coordinator()
-    job = _submit_sums(cluster, coordinator, tmp_path, kafka_bootstrap, source, sink,
+    job = submit_sums(cluster, coordinator, tmp_path, kafka_bootstrap, source, sink,
                        "--no-auto-scaling")
-    out = _Output(kafka_bootstrap, sink)
-    wait_until(lambda: out.has(1), "the first sum", 60, interval=0)
+    out = Output(kafka_bootstrap, sink)
+    wait_until(lambda: out.has(1), what="the first sum", timeout=60, interval=0)
     out.close()
     other = next(m for m in members if m is not coordinator)
     other.proc.send_signal(signal.SIGKILL)
     other.proc.wait(10)
-    wait_until(lambda: _status(cluster, coordinator, job["id"])["status"] == "SUSPENDED",
-               "the job to be suspended", 60, interval=0.3)
+    wait_until(lambda: job_status(cluster, coordinator, job["id"])["status"] == "SUSPENDED",
+               what="the job to be suspended", timeout=60, interval=0.3)
 
 
 def test_a_member_that_joins_is_used_after_the_scale_up_delay(
@@ -163,7 +148,7 @@ def test_a_member_that_joins_is_used_after_the_scale_up_delay(
     # with --scale-up-delay 1000)
     wait_until(lambda: any(m["address"] == newcomer.address and m["jobs"] >= 1
                            for m in cluster.cluster(newcomer)["members"]),
-               "the new member to run its share of the job", 60, interval=0.3)
+               what="the new member to run its share of the job", timeout=60, interval=0.3)
     assert run.status(coordinator)["restart_count"] >= 1
     run.feed(1000)
     run.wait_for_all("the sums on three members", 60)
@@ -193,16 +178,16 @@ def test_a_coordinator_paused_past_the_session_timeout_is_deposed_and_rejoins_as
     old.proc.send_signal(signal.SIGSTOP)
     try:
         wait_until(lambda: cluster.coordinator(via=other) not in (old, None),
-                   "another coordinator", 60, interval=0.5)
+                   what="another coordinator", timeout=60, interval=0.5)
         new = cluster.coordinator(via=other)
         wait_until(lambda: run.status(new)["status"] == "RUNNING",
-                   "the job to run under the new coordinator", 60, interval=0.3)
+                   what="the job to run under the new coordinator", timeout=60, interval=0.3)
     finally:
         old.proc.send_signal(signal.SIGCONT)
-    wait_until(lambda: "is no longer the coordinator" in old.log, "the old coordinator to "
-               "step down", 60, interval=0.3)
-    wait_until(lambda: len(cluster.cluster(new)["members"]) == 3, "the old coordinator back "
-               "as a member", 60, interval=0.3)
+    wait_until(lambda: "is no longer the coordinator" in old.log, what="the old coordinator to "
+               "step down", timeout=60, interval=0.3)
+    wait_until(lambda: len(cluster.cluster(new)["members"]) == 3, what="the old coordinator back "
+               "as a member", timeout=60, interval=0.3)
     infos = [cluster.cluster(m) for m in members]
     assert {i["coordinator"] for i in infos} == {infos[0]["coordinator"]}
     run.feed(1000)
@@ -223,32 +208,34 @@ def test_a_member_killed_at_each_point_of_the_snapshot_protocol_loses_and_duplic
     crash = {"JETWAKE_CRASH_AT": f"{point}:3"}  # the third time: two snapshots went well
     if where == "coordinator":  # the oldest member coordinates: start it first
         victim = cluster.start_member(env=crash)
-        wait_until(victim.ready, "the first member to serve", 30)
-        wait_until(lambda: len(cluster.cluster(victim)["members"]) == 1, "it to join", 30)
+        wait_until(victim.ready, what="the first member to serve", timeout=30)
+        wait_until(lambda: len(cluster.cluster(victim)["members"]) == 1,
+                   what="it to join", timeout=30)
         cluster.start(2)
         assert cluster.coordinator() is victim
     else:
         cluster.start(2)
         victim = cluster.start_member(env=crash)
-        wait_until(victim.ready, "the third member to serve", 30)
-        wait_until(lambda: len(cluster.cluster(victim)["members"]) == 3, "three members", 30)
-    source, sink = _topic(kafka_bootstrap), _topic(kafka_bootstrap)
+        wait_until(victim.ready, what="the third member to serve", timeout=30)
+        wait_until(lambda: len(cluster.cluster(victim)["members"]) == 3,
+                   what="three members", timeout=30)
+    source, sink = new_topic(kafka_bootstrap), new_topic(kafka_bootstrap)
     first = [(f"k{i % 17}", i) for i in range(1500)]
-    _produce(kafka_bootstrap, source, first)
+    produce_events(kafka_bootstrap, source, first)
     survivor = next(m for m in cluster.members if m is not victim)
-    job = _submit_sums(cluster, survivor, tmp_path, kafka_bootstrap, source, sink)
+    job = submit_sums(cluster, survivor, tmp_path, kafka_bootstrap, source, sink)
     victim.proc.wait(90)  # it kills itself at the crash point
     assert victim.proc.returncode == -signal.SIGKILL
     second = [(f"k{i % 17}", i) for i in range(1500, 3000)]
-    _produce(kafka_bootstrap, source, second)
-    out = _Output(kafka_bootstrap, sink)
-    wait_until(lambda: out.has(len(first) + len(second)), f"every sum after a kill at {point}",
-               120, interval=0)
+    produce_events(kafka_bootstrap, source, second)
+    out = Output(kafka_bootstrap, sink)
+    wait_until(lambda: out.has(len(first) + len(second)), what=f"every sum after a kill at {point}",
+               timeout=120, interval=0)
     out.drain()
     out.close()
-    assert _status(cluster, survivor, job["id"])["status"] == "RUNNING"
+    assert job_status(cluster, survivor, job["id"])["status"] == "RUNNING"
     assert len(out.records) == len(first) + len(second), "a record was written twice"
-    assert _by_key(out.records) == _running_sums(first + second)
+    assert by_key(out.records) == running_sums(first + second)
 
 
 def test_map_contents_and_journal_positions_survive_a_member_loss(
@@ -269,10 +256,10 @@ def test_map_contents_and_journal_positions_survive_a_member_loss(
     job = cluster.cli_json(others[0], "submit", str(src), "--name", "journal", "--guarantee",
                            "exactly_once", "--snapshot-interval", "200")
     with coordinator.client() as client:
-        wait_until(lambda: len(client.get_list("seen")) >= 500, "the first 500 events", 60,
-                   interval=0.2)
-        wait_until(lambda: (_status(cluster, coordinator, job["id"])["snapshot_count"] or 0)
-                   >= 2, "two snapshots", 30, interval=0.2)
+        wait_until(lambda: len(client.get_list("seen")) >= 500,
+                   what="the first 500 events", timeout=60, interval=0.2)
+        wait_until(lambda: (job_status(cluster, coordinator, job["id"])["snapshot_count"] or 0)
+                   >= 2, what="two snapshots", timeout=30, interval=0.2)
     # the journal is read by processor 0, on the member with the smallest id: kill that one
     info = cluster.cluster(coordinator)
     first_id = min(m["id"] for m in info["members"])
@@ -284,8 +271,8 @@ def test_map_contents_and_journal_positions_survive_a_member_loss(
     with survivor.client() as client:
         client.get_map("in").put_all({i: i * 10 for i in range(500, 1000)})
     with survivor.client() as client:
-        wait_until(lambda: len(client.get_list("seen")) >= 1000, "every event after the loss",
-                   120, interval=0.2)
+        wait_until(lambda: len(client.get_list("seen")) >= 1000, what="every event after the loss",
+                   timeout=120, interval=0.2)
         seen = list(client.get_list("seen"))
         copy = client.get_map("copy").to_dict()
     assert sorted(tuple(e) for e in seen) == [(i, i * 10) for i in range(1000)], \
@@ -299,32 +286,35 @@ def test_map_contents_and_journal_positions_survive_a_member_loss(
 def test_the_coordinator_then_another_member_killed_return_and_the_job_scales_back_up(
         cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
     members = cluster.start(3)
-    source, sink = _topic(kafka_bootstrap), _topic(kafka_bootstrap)
+    source, sink = new_topic(kafka_bootstrap), new_topic(kafka_bootstrap)
     batches = [[(f"k{i % 23}", i) for i in range(n, n + 800)] for n in range(0, 3200, 800)]
-    _produce(kafka_bootstrap, source, batches[0])
+    produce_events(kafka_bootstrap, source, batches[0])
     first_coordinator = cluster.coordinator()
     last = next(m for m in members if m is not first_coordinator)
-    job = _submit_sums(cluster, last, tmp_path, kafka_bootstrap, source, sink)
-    out = _Output(kafka_bootstrap, sink)
-    wait_until(lambda: out.has(800), "the first sums", 60, interval=0)
+    job = submit_sums(cluster, last, tmp_path, kafka_bootstrap, source, sink)
+    out = Output(kafka_bootstrap, sink)
+    wait_until(lambda: out.has(800), what="the first sums", timeout=60, interval=0)
     first_coordinator.proc.send_signal(signal.SIGKILL)  # the coordinator
     first_coordinator.proc.wait(10)
-    _produce(kafka_bootstrap, source, batches[1])
-    wait_until(lambda: out.has(1600), "the sums after the coordinator's loss", 120, interval=0)
+    produce_events(kafka_bootstrap, source, batches[1])
+    wait_until(lambda: out.has(1600),
+               what="the sums after the coordinator's loss", timeout=120, interval=0)
     second = next(m for m in members if m is not first_coordinator and m is not last)
     second.proc.send_signal(signal.SIGKILL)  # then another member: one is left
     second.proc.wait(10)
-    _produce(kafka_bootstrap, source, batches[2])
-    wait_until(lambda: out.has(2400), "the sums on the last member", 120, interval=0)
+    produce_events(kafka_bootstrap, source, batches[2])
+    wait_until(lambda: out.has(2400), what="the sums on the last member", timeout=120, interval=0)
     back = [cluster.revive(first_coordinator), cluster.revive(second)]
-    wait_until(lambda: all(m.ready() for m in back), "the killed members to serve again", 60)
+    wait_until(lambda: all(m.ready() for m in back),
+               what="the killed members to serve again", timeout=60)
     wait_until(lambda: len(cluster.cluster(last)["members"]) == 3
                and all((m["jobs"] or 0) >= 1 for m in cluster.cluster(last)["members"]),
-               "the job to scale back up to three members", 90, interval=0.5)
-    _produce(kafka_bootstrap, source, batches[3])
-    wait_until(lambda: out.has(3200), "the sums on three members again", 120, interval=0)
+               what="the job to scale back up to three members", timeout=90, interval=0.5)
+    produce_events(kafka_bootstrap, source, batches[3])
+    wait_until(lambda: out.has(3200),
+               what="the sums on three members again", timeout=120, interval=0)
     out.drain()
     out.close()
-    assert _status(cluster, last, job["id"])["status"] == "RUNNING"
+    assert job_status(cluster, last, job["id"])["status"] == "RUNNING"
     assert len(out.records) == 3200, "a record was written twice"
-    assert _by_key(out.records) == _running_sums([e for b in batches for e in b])
+    assert by_key(out.records) == running_sums([e for b in batches for e in b])

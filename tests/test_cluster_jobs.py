@@ -4,18 +4,18 @@ works from any member; light jobs; members with another token or cluster name ar
 
 from __future__ import annotations
 
-import json
 import textwrap
 import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
-from cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
-from waiting import wait_until
+from support.cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
+from support.cluster_sums import (
+    Output, new_topic, produce_events, running_sums, sums_job_file,
+)
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -64,7 +64,7 @@ def test_a_batch_word_count_runs_on_every_member_and_equals_the_one_member_resul
     job = three.cli_json(three.members[1], "submit", str(_word_count_file(tmp_path, out_dir)),
                          "--name", "wc")
     wait_until(lambda: three.cli_json(three.members[2], "status", job["id"])["status"]
-               == "COMPLETED", "the word count to complete", 60, interval=0.2)
+               == "COMPLETED", what="the word count to complete", timeout=60, interval=0.2)
     assert _read_pairs(out_dir) == _expected_words()
     # every member wrote part of the result: the job ran on all three
     writers = [f for f in out_dir.iterdir() if f.stat().st_size > 0]
@@ -92,17 +92,17 @@ def test_every_job_command_works_from_any_member_with_the_same_answers(
     assert three.cli_json(a, "status", "counter")["status"] == "SUSPENDED"
     assert three.cli(a, "resume", "counter").returncode == 0
     wait_until(lambda: three.cli_json(b, "status", "counter")["status"] == "RUNNING",
-               "the job to run again", 30, interval=0.2)
+               what="the job to run again", timeout=30, interval=0.2)
     assert three.cli(b, "restart", "counter").returncode == 0
     wait_until(lambda: three.cli_json(c, "status", "counter")["restart_count"] >= 1,
-               "the restart", 30, interval=0.2)
+               what="the restart", timeout=30, interval=0.2)
     saved = three.cli(c, "save-snapshot", "counter", "counter-snap")
     assert saved.returncode == 0, saved.stderr
     names = [{s["name"] for s in three.cli_json(m, "list-snapshots")} for m in (a, b, c)]
     assert all("counter-snap" in n for n in names)
     assert three.cli(a, "cancel", "counter").returncode == 0
     wait_until(lambda: three.cli_json(b, "status", "counter")["status"] == "FAILED",
-               "the job to end cancelled", 30, interval=0.2)
+               what="the job to end cancelled", timeout=30, interval=0.2)
 
 
 def test_a_light_job_starts_on_every_member_and_is_listed_and_cancelled_from_any(
@@ -124,7 +124,7 @@ def test_a_light_job_starts_on_every_member_and_is_listed_and_cancelled_from_any
     assert all(m["jobs"] >= 1 for m in info["members"])
     assert three.cli(a, "cancel", job["id"]).returncode == 0
     wait_until(lambda: three.cli_json(b, "status", job["id"])["status"] == "FAILED",
-               "the light job to end", 30, interval=0.2)
+               what="the light job to end", timeout=30, interval=0.2)
 
 
 def test_cluster_json_names_the_coordinator_the_quorum_and_every_member(
@@ -149,28 +149,21 @@ def test_a_member_with_another_token_is_refused_with_the_reason_on_both_sides(
     assert code != 0
     assert "token" in intruder.log and "cannot join cluster" in intruder.log
     wait_until(lambda: "token" in first.log and "refused" in first.log,
-               "the coordinator to log the refusal", 10)
+               what="the coordinator to log the refusal", timeout=10)
     assert len(cluster.cluster(first)["members"]) == 1
-
-
-def _topic(bootstrap: str, partitions: int = 3) -> str:
-    name = f"t{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
-    return name
 
 
 def test_kafka_rolling_sum_exactly_once_on_three_members_equals_the_one_member_result(
         three: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
-    source, sink = _topic(kafka_bootstrap), _topic(kafka_bootstrap)
+    source, sink = new_topic(kafka_bootstrap), new_topic(kafka_bootstrap)
     events = [(f"k{i % 17}", i) for i in range(3000)]
-    _produce(kafka_bootstrap, source, events)
+    produce_events(kafka_bootstrap, source, events)
     job = three.cli_json(three.members[2], "submit",
-                         str(_sums_job_file(tmp_path, kafka_bootstrap, source, sink)),
+                         str(sums_job_file(tmp_path, kafka_bootstrap, source, sink)),
                          "--name", "sums", "--guarantee", "exactly_once",
                          "--snapshot-interval", "300")
-    out = _Output(kafka_bootstrap, sink)
-    wait_until(lambda: out.has(len(events)), "every rolling sum in the sink topic", 90,
+    out = Output(kafka_bootstrap, sink)
+    wait_until(lambda: out.has(len(events)), what="every rolling sum in the sink topic", timeout=90,
                interval=0)
     out.close()
     three.cli(three.members[0], "cancel", job["id"])
@@ -178,97 +171,36 @@ def test_kafka_rolling_sum_exactly_once_on_three_members_equals_the_one_member_r
     for k, v in out.records:
         by_key.setdefault(k, []).append(v)
     assert len(out.records) == len(events)  # exactly once: nothing twice
-    assert by_key == _running_sums(events)  # the one-member result, key by key in order
-
-def _sums_job_file(tmp: Path, bootstrap: str, source: str, sink: str) -> Path:
-    src = tmp / f"sums_{uuid.uuid4().hex[:6]}.py"
-    src.write_text(textwrap.dedent(f"""
-        from jetwake import AggregateOperations, Pipeline, Sinks, Sources
-        props = {{"bootstrap.servers": {bootstrap!r}}}
-        pipeline = Pipeline()
-        (pipeline.read_from(Sources.kafka({source!r}, props, key_deserializer="str",
-                                          value_deserializer="json"))
-            .group_by(lambda kv: kv[0])
-            .rolling_aggregate(AggregateOperations.summing(lambda kv: kv[1]))
-            .write_to(Sinks.kafka({sink!r}, props, value_serializer="json",
-                                  key_serializer="str")))
-    """))
-    return src
-
-
-def _produce(bootstrap: str, topic: str, events: list[tuple[str, int]]) -> None:
-    p = Producer({"bootstrap.servers": bootstrap})
-    for k, v in events:
-        p.produce(topic, key=k.encode(), value=json.dumps(v).encode())
-    p.flush(30)
-
-
-class _Output:
-    """A read_committed reader of the sink topic, accumulating what it has read."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                                  "auto.offset.reset": "earliest",
-                                  "isolation.level": "read_committed"})
-        self.consumer.subscribe([topic])
-        self.records: list[tuple[str, int]] = []
-
-    def has(self, count: int) -> bool:
-        for msg in self.consumer.consume(500, 0.2):
-            if msg.error() is None:
-                self.records.append((msg.key().decode(), json.loads(msg.value())))
-        return len(self.records) >= count
-
-    def drain(self) -> None:
-        """Reads until one second passes without a record: a duplicate written late (by a
-        restarted sink) would land in that second."""
-        while True:
-            batch = [m for m in self.consumer.consume(500, 1.0) if m.error() is None]
-            if not batch:
-                return
-            self.records.extend((m.key().decode(), json.loads(m.value())) for m in batch)
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
-def _running_sums(events: list[tuple[str, int]]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    running: dict[str, int] = {}
-    for k, v in events:
-        running[k] = running.get(k, 0) + v
-        out.setdefault(k, []).append(running[k])
-    return out
-
+    assert by_key == running_sums(events)  # the one-member result, key by key in order
 
 def test_a_snapshot_taken_on_three_members_restores_on_two_and_then_on_four(
         cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
     members = cluster.start(3)
-    source, sink = _topic(kafka_bootstrap), _topic(kafka_bootstrap)
+    source, sink = new_topic(kafka_bootstrap), new_topic(kafka_bootstrap)
     batches = [[(f"k{i % 23}", i) for i in range(n, n + 1000)] for n in (0, 1000, 2000)]
-    _produce(kafka_bootstrap, source, batches[0])
-    job = cluster.cli_json(members[0], "submit", str(_sums_job_file(tmp_path, kafka_bootstrap,
+    produce_events(kafka_bootstrap, source, batches[0])
+    job = cluster.cli_json(members[0], "submit", str(sums_job_file(tmp_path, kafka_bootstrap,
                                                                    source, sink)),
                            "--name", "sums", "--guarantee", "exactly_once",
                            "--snapshot-interval", "300")
-    out = _Output(kafka_bootstrap, sink)
-    wait_until(lambda: out.has(1000), "the first 1000 sums", 60, interval=0)
+    out = Output(kafka_bootstrap, sink)
+    wait_until(lambda: out.has(1000), what="the first 1000 sums", timeout=60, interval=0)
     # suspended on three members: the terminal snapshot holds every key's sum
     assert cluster.cli(members[1], "suspend", "sums").returncode == 0
     coordinator = cluster.coordinator()
     leaving = next(m for m in members if m is not coordinator)
     assert leaving.stop() == 0
-    wait_until(lambda: len(cluster.cluster(coordinator)["members"]) == 2, "two members", 30,
-               interval=0.2)
-    _produce(kafka_bootstrap, source, batches[1])
+    wait_until(lambda: len(cluster.cluster(coordinator)["members"]) == 2,
+               what="two members", timeout=30, interval=0.2)
+    produce_events(kafka_bootstrap, source, batches[1])
     assert cluster.cli(coordinator, "resume", "sums").returncode == 0
-    wait_until(lambda: out.has(2000), "the sums after resuming on two members", 60,
+    wait_until(lambda: out.has(2000), what="the sums after resuming on two members", timeout=60,
                interval=0)
     assert cluster.cli(coordinator, "suspend", "sums").returncode == 0
     cluster.start(2)  # four members now
-    _produce(kafka_bootstrap, source, batches[2])
+    produce_events(kafka_bootstrap, source, batches[2])
     assert cluster.cli(coordinator, "resume", "sums").returncode == 0
-    wait_until(lambda: out.has(3000), "the sums after resuming on four members", 60,
+    wait_until(lambda: out.has(3000), what="the sums after resuming on four members", timeout=60,
                interval=0)
     status = cluster.cli_json(coordinator, "status", job["id"])
     out.close()
@@ -276,7 +208,7 @@ def test_a_snapshot_taken_on_three_members_restores_on_two_and_then_on_four(
     by_key: dict[str, list[int]] = {}
     for k, v in out.records:
         by_key.setdefault(k, []).append(v)
-    assert by_key == _running_sums(batches[0] + batches[1] + batches[2])
+    assert by_key == running_sums(batches[0] + batches[1] + batches[2])
     assert status["status"] == "RUNNING"
     assert len(cluster.cluster(coordinator)["members"]) == 4
 
@@ -320,14 +252,15 @@ def test_a_slow_consumer_member_keeps_its_senders_memory_flat(
     job = cluster.cli_json(members[0], "submit", str(src), "--name", "slow")
     pids = [m.proc.pid for m in members]
     wait_until(lambda: all(m["jobs"] >= 1 for m in cluster.cluster(members[0])["members"]),
-               "the job to run on both members", 30, interval=0.2)
+               what="the job to run on both members", timeout=30, interval=0.2)
     samples: list[list[float]] = []
 
     def sampled_enough() -> bool:
         samples.append([_rss_mb(p) for p in pids])
         return len(samples) >= 40
 
-    wait_until(sampled_enough, "40 memory samples", 60, interval=0.25)  # ~10 s of running
+    wait_until(sampled_enough,
+               what="40 memory samples", timeout=60, interval=0.25)  # ~10 s of running
     cluster.cli(members[1], "cancel", job["id"])
     offered_mb = 20_000 * 1024 * 10 / 1e6  # what the sources would emit unthrottled in 10 s
     for i, pid in enumerate(pids):

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster_processes import ClusterProcesses
-from kafka_broker import _kafka_local
-from test_cluster_failover import _by_key, _status, _submit_sums
-from test_cluster_jobs import _Output, _produce, _running_sums, _topic
-from waiting import wait_until
+from support.cluster_processes import ClusterProcesses
+from support.kafka_broker import _kafka_local
+from support.cluster_sums import (
+    Output, by_key, job_status, new_topic, produce_events, running_sums, submit_sums,
+)
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.faults]
 
@@ -52,33 +53,33 @@ def test_the_cluster_recovers_by_itself_when_its_broker_comes_back(
         cluster: ClusterProcesses, tmp_path: Path, own_broker) -> None:
     bootstrap, broker_pids = own_broker
     members = cluster.start(2)
-    source, sink = _topic(bootstrap), _topic(bootstrap)
+    source, sink = new_topic(bootstrap), new_topic(bootstrap)
     first = [(f"k{i % 11}", i) for i in range(1000)]
-    _produce(bootstrap, source, first)
-    job = _submit_sums(cluster, members[0], tmp_path, bootstrap, source, sink)
-    out = _Output(bootstrap, sink)
-    wait_until(lambda: out.has(len(first)), "the first sums", 60, interval=0)
+    produce_events(bootstrap, source, first)
+    job = submit_sums(cluster, members[0], tmp_path, bootstrap, source, sink)
+    out = Output(bootstrap, sink)
+    wait_until(lambda: out.has(len(first)), what="the first sums", timeout=60, interval=0)
     for pid in broker_pids:
         os.kill(pid, signal.SIGSTOP)
     try:
         # longer than the session timeout: every member's session is gone when it is back
         wait_until(lambda: all("lost its place in cluster" in m.log for m in members),
-                   "every member to say that Kafka does not answer", 60, interval=0.5)
+                   what="every member to say that Kafka does not answer", timeout=60, interval=0.5)
     finally:
         for pid in broker_pids:
             os.kill(pid, signal.SIGCONT)
     second = [(f"k{i % 11}", i) for i in range(1000, 2000)]
-    _produce(bootstrap, source, second)
-    wait_until(lambda: out.has(len(first) + len(second)), "the sums after Kafka came back",
-               180, interval=0)
+    produce_events(bootstrap, source, second)
+    wait_until(lambda: out.has(len(first) + len(second)), what="the sums after Kafka came back",
+               timeout=180, interval=0)
     out.drain()
     out.close()
     # the job may finish its catching-up before the last member is back in the group
     wait_until(lambda: all("is back in cluster" in m.log for m in members),
-               "every member to say it is back in the cluster", 60, interval=0.3)
+               what="every member to say it is back in the cluster", timeout=60, interval=0.3)
     assert all(m.alive() for m in members)
     wait_until(lambda: len(cluster.cluster(members[1])["members"]) == 2,
-               "the cluster to show both members", 30, interval=0.3)
-    assert _status(cluster, members[1], job["id"])["status"] == "RUNNING"
+               what="the cluster to show both members", timeout=30, interval=0.3)
+    assert job_status(cluster, members[1], job["id"])["status"] == "RUNNING"
     assert len(out.records) == len(first) + len(second), "a record was written twice"
-    assert _by_key(out.records) == _running_sums(first + second)
+    assert by_key(out.records) == running_sums(first + second)

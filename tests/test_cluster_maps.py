@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from jetwake.engine.cluster.cluster_maps import ClusterMaps, list_topic, map_topic
 from jetwake.engine.core.partitioning import partition_of
 from jetwake.engine.core.serialization import dumps
-from waiting import wait_until
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -183,7 +183,7 @@ def test_events_before_the_log_start_are_counted_as_lost(cluster):
     tp = TopicPartition(m.topic, 0, 40)
     for f in admin.delete_records([tp]).values():
         f.result(30)
-    wait_until(lambda: m.journal_oldest_seq() == 40, "the log start to move to 40", 30)
+    wait_until(lambda: m.journal_oldest_seq() == 40, what="the log start to move to 40", timeout=30)
     events, lost = _read_all(m, 0)
     assert lost == 40
     assert [e.key for e in events] == list(range(40, 100))
@@ -205,7 +205,8 @@ def test_records_removed_by_compaction_are_counted_as_lost(cluster):
         events, lost = _read_all(m, 0)
         return (events, lost) if lost else None
 
-    events, lost = wait_until(compacted, "the broker's cleaner to compact the topic", 45,
+    events, lost = wait_until(compacted,
+                              what="the broker's cleaner to compact the topic", timeout=45,
                               interval=0.5)
     assert len(events) + lost == 1000  # every offset is either an event or counted lost
     latest = {e.key: e.new_value for e in events}

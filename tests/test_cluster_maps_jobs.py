@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
-from waiting import wait_until
+from support.cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -41,7 +41,7 @@ def test_a_map_a_job_wrote_on_three_members_is_read_in_full_from_every_member(
             .write_to(Sinks.map("counts")))
     """)
     wait_until(lambda: _status(three, c, "count-to-map") == "COMPLETED",
-               "the counting job to complete", 60, interval=0.2)
+               what="the counting job to complete", timeout=60, interval=0.2)
     expected = dict(Counter(WORDS))
     for m in (a, b, c):
         with m.client() as client:
@@ -56,7 +56,7 @@ def test_a_map_a_job_wrote_on_three_members_is_read_in_full_from_every_member(
         pipeline.read_from(Sources.map("counts")).write_to(Sinks.list("copied"))
     """)
     wait_until(lambda: _status(three, b, "map-to-list") == "COMPLETED",
-               "the copying job to complete", 60, interval=0.2)
+               what="the copying job to complete", timeout=60, interval=0.2)
     for m in (a, b, c):
         with m.client() as client:
             copied = client.get_list("copied").to_list()
@@ -79,18 +79,21 @@ def test_a_map_journal_job_resumed_after_a_suspend_gives_every_event_once(
         with member.client() as cl:
             return cl.get_list("seen").to_list()
 
-    wait_until(lambda: len(seen(b)) >= 500, "the first events in the list", 60, interval=0.2)
+    wait_until(lambda: len(seen(b)) >= 500,
+               what="the first events in the list", timeout=60, interval=0.2)
     assert three.cli(a, "suspend", "journal").returncode == 0
-    wait_until(lambda: _status(three, b, "journal") == "SUSPENDED", "the suspension", 30,
-               interval=0.2)
+    wait_until(lambda: _status(three, b, "journal") == "SUSPENDED",
+               what="the suspension", timeout=30, interval=0.2)
     # written while the job is suspended: read from the position its snapshot saved
     with b.client() as client:
         client.get_map("events").put_all([(f"e{i}", i) for i in range(500, 1000)])
     assert three.cli(c, "resume", "journal").returncode == 0
-    wait_until(lambda: len(seen(a)) >= 1000, "every event in the list", 60, interval=0.2)
+    wait_until(lambda: len(seen(a)) >= 1000,
+               what="every event in the list", timeout=60, interval=0.2)
     with c.client() as client:
         client.get_map("events").put("e1000", 1000)  # and while it runs again
-    wait_until(lambda: len(seen(c)) >= 1001, "the last event in the list", 60, interval=0.2)
+    wait_until(lambda: len(seen(c)) >= 1001,
+               what="the last event in the list", timeout=60, interval=0.2)
     three.cli(a, "cancel", "journal")
     for m in (a, b, c):
         got = seen(m)

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer
 from jetwake.engine.cluster.membership import (
     CoordinatorFence, FencedError, KafkaMembership, group_id,
 )
-from waiting import wait_until
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -43,8 +43,8 @@ def _coordinators(members: list[KafkaMembership]) -> list[str]:
 
 def test_exactly_one_member_is_the_coordinator(cluster):
     members = [cluster(f"m{i}") for i in range(3)]
-    wait_until(lambda: len(_coordinators(members)) == 1, "one coordinator")
-    wait_until(lambda: len(members[0].members()) == 3, "three members in the group")
+    wait_until(lambda: len(_coordinators(members)) == 1, what="one coordinator")
+    wait_until(lambda: len(members[0].members()) == 3, what="three members in the group")
     view = members[0].members()
     assert sorted(i.id for i in view) == ["m0", "m1", "m2"]
     assert [i.id for i in view if i.is_coordinator] == _coordinators(members)
@@ -53,13 +53,13 @@ def test_exactly_one_member_is_the_coordinator(cluster):
 
 def test_when_the_coordinator_leaves_another_member_takes_over(cluster):
     members = [cluster(f"m{i}") for i in range(3)]
-    wait_until(lambda: len(_coordinators(members)) == 1, "one coordinator")
+    wait_until(lambda: len(_coordinators(members)) == 1, what="one coordinator")
     first = next(m for m in members if m.is_coordinator)
     first.stop()
     rest = [m for m in members if m is not first]
-    wait_until(lambda: len(_coordinators(rest)) == 1, "a new coordinator", timeout=30)
+    wait_until(lambda: len(_coordinators(rest)) == 1, what="a new coordinator", timeout=30)
     assert first.member_id not in _coordinators(rest)
-    wait_until(lambda: len(rest[0].members()) == 2, "the group without the one that left")
+    wait_until(lambda: len(rest[0].members()) == 2, what="the group without the one that left")
 
 
 def test_a_deposed_coordinator_can_write_nothing(cluster, kafka_topic):
@@ -77,7 +77,7 @@ def test_a_deposed_coordinator_can_write_nothing(cluster, kafka_topic):
     try:
         wait_until(lambda: seen.extend(m.value() for m in consumer.consume(10, timeout=0.5)
                                        if m.error() is None) or len(seen) >= 2,
-                   "the committed records")
+                   what="the committed records")
     finally:
         consumer.close()
     assert seen == [b"from the old coordinator", b"from the new coordinator"]

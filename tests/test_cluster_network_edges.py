@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 from jetwake.engine.cluster.flow_control import INITIAL_WINDOW_BYTES
 from jetwake.engine.cluster.network_edges import FLOW_CONTROL_INTERVAL
@@ -117,7 +117,7 @@ def test_a_receiver_that_does_not_drain_stops_its_sender_within_one_window(pair)
         assert accepted * chunk_bytes < 10 * INITIAL_WINDOW_BYTES, "the sender was never stopped"
     # the sender stopped after one window, overrun by at most one chunk
     assert INITIAL_WINDOW_BYTES <= accepted * chunk_bytes < INITIAL_WINDOW_BYTES + chunk_bytes
-    wait_until(lambda: len(q) == accepted, "the accepted chunks to reach the receiver")
+    wait_until(lambda: len(q) == accepted, what="the accepted chunks to reach the receiver")
     # for many flow-control intervals, nothing more gets through and memory stays bounded
     keep_trying_until = time.monotonic() + 15 * FLOW_CONTROL_INTERVAL
     while time.monotonic() < keep_trying_until:
@@ -181,10 +181,11 @@ def test_data_for_a_released_execution_is_dropped_and_counted(pair):
     q = b.edges.inbound_queue("exec-1", (0, 0, 1), "in")
     rq = a.edges.remote_queue("exec-1", (0, 0, 1), "b", b.address)
     offer_all(rq, [[1, 2, 3]])
-    wait_until(lambda: len(q) == 1, "the first chunk")
+    wait_until(lambda: len(q) == 1, what="the first chunk")
     b.edges.release("exec-1")
     offer_all(rq, [[4, 5], Watermark(9), DONE])
-    wait_until(lambda: b.edges.stats()["dropped_entries"] == 3, "the late entries to be dropped")
+    wait_until(lambda: b.edges.stats()["dropped_entries"] == 3,
+               what="the late entries to be dropped")
     assert b.edges.stats()["dropped_packets"] >= 1
     assert len(q) == 1 and q.popleft() == [1, 2, 3]
     # the stream's key may be used again by a new execution once released
@@ -200,7 +201,7 @@ def test_a_sender_whose_connection_broke_fails_instead_of_losing_items_silently(
     q = b.edges.inbound_queue("exec-1", (0, 0, 1), "in")
     rq = a.edges.remote_queue("exec-1", (0, 0, 1), "b", b.address)
     offer_all(rq, [[1]])
-    wait_until(lambda: len(q) == 1, "the first chunk to arrive")
+    wait_until(lambda: len(q) == 1, what="the first chunk to arrive")
     b.stop()
     deadline = time.monotonic() + 10
     with pytest.raises(PeerUnreachableError, match="stream exec-1/0:0->1 needs the connection "

@@ -1,7 +1,7 @@
 """A network partition cuts one member off while an exactly-once Kafka job runs on three.
 
 Each member runs in a network namespace of its own, joined to the host by a bridge where a
-Kafka broker of this module listens (tests/network_partition.py). A member is cut off from
+Kafka broker of this module listens (tests/support/network_partition.py). A member is cut off from
 everything (Kafka and its peers) or only from its peers, with the quorum rule
 (split-brain protection) on or off; a read_committed consumer of the sink topic must see every
 rolling sum exactly once and exact, whatever the partition did. The broker is the module's own
@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from cluster_processes import ClusterMemberProcess, ClusterProcesses
-from kafka_broker import _kafka_local
-from network_partition import NamespacesUnavailable, PartitionNetwork
-from test_cluster_jobs import _Output, _produce, _running_sums, _sums_job_file, _topic
-from waiting import wait_until
+from support.cluster_processes import ClusterMemberProcess, ClusterProcesses
+from support.kafka_broker import _kafka_local
+from support.network_partition import NamespacesUnavailable, PartitionNetwork
+from support.cluster_sums import (
+    Output, by_key, new_topic, produce_events, running_sums, sums_job_file,
+)
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.faults]
 
@@ -127,23 +129,16 @@ def cluster(tmp_path: Path, bridge_kafka: str, net: PartitionNetwork):
 @pytest.fixture
 def outputs(bridge_kafka: str):
     """Makes read_committed readers of sink topics, closed after the test whatever happened."""
-    made: list[_Output] = []
+    made: list[Output] = []
 
-    def make(topic: str) -> _Output:
-        out = _Output(bridge_kafka, topic)
+    def make(topic: str) -> Output:
+        out = Output(bridge_kafka, topic)
         made.append(out)
         return out
 
     yield make
     for out in made:
         out.close()
-
-
-def _by_key(records: list[tuple[str, int]]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for k, v in records:
-        out.setdefault(k, []).append(v)
-    return out
 
 
 def _batch(start: int, count: int, keys: int = 13) -> list[tuple[str, int]]:
@@ -153,7 +148,7 @@ def _batch(start: int, count: int, keys: int = 13) -> list[tuple[str, int]]:
 def _submit(cluster: NamespacedCluster, member: ClusterMemberProcess, tmp_path: Path,
             source: str, sink: str, name: str, *flags: str) -> dict:
     return cluster.cli_json(member, "submit",
-                            str(_sums_job_file(tmp_path, cluster.bootstrap, source, sink)),
+                            str(sums_job_file(tmp_path, cluster.bootstrap, source, sink)),
                             "--name", name, "--guarantee", "exactly_once",
                             "--snapshot-interval", "200", *flags)
 
@@ -175,11 +170,11 @@ def _runs_share(cluster: NamespacedCluster, via: ClusterMemberProcess,
     return entry is not None and entry["state"] == "ACTIVE" and (entry["jobs"] or 0) >= jobs
 
 
-def _assert_exactly_once(out: _Output, events: list[tuple[str, int]]) -> None:
+def _assert_exactly_once(out: Output, events: list[tuple[str, int]]) -> None:
     out.drain()
     assert len(out.records) == len(events), (
         f"{len(out.records)} records for {len(events)} events: a record was written twice")
-    assert _by_key(out.records) == _running_sums(events)
+    assert by_key(out.records) == running_sums(events)
 
 
 def test_with_the_quorum_rule_a_member_cut_off_is_left_behind_and_used_again_once_healed(
@@ -190,33 +185,36 @@ def test_with_the_quorum_rule_a_member_cut_off_is_left_behind_and_used_again_onc
     A read_committed reader sees every sum once."""
     members = cluster.start(3)
     bootstrap = cluster.bootstrap
-    source, sink = _topic(bootstrap), _topic(bootstrap)
+    source, sink = new_topic(bootstrap), new_topic(bootstrap)
     batches = [_batch(0, 1000), _batch(1000, 1000), _batch(2000, 1000)]
     events = batches[0] + batches[1] + batches[2]
-    _produce(bootstrap, source, batches[0])
+    produce_events(bootstrap, source, batches[0])
     coordinator = cluster.coordinator()
     job = _submit(cluster, coordinator, tmp_path, source, sink, "sums",
                   "--split-brain-protection")
     out = outputs(sink)
-    wait_until(lambda: out.has(1000), "the first sums", 60, interval=0)
+    wait_until(lambda: out.has(1000), what="the first sums", timeout=60, interval=0)
     victim = next(m for m in members if m is not coordinator)
     broker_port = int(bootstrap.rpartition(":")[2])
 
     net.cut(victim.slot)
     assert not net.reaches(victim.slot, net.host_address, broker_port)
-    _produce(bootstrap, source, batches[1])
-    wait_until(lambda: out.has(2000), "the sums of the two members left", 30, interval=0.2)
+    produce_events(bootstrap, source, batches[1])
+    wait_until(lambda: out.has(2000),
+               what="the sums of the two members left", timeout=30, interval=0.2)
     assert victim.address.rpartition(":")[0] not in _view(cluster, coordinator)
     assert _status(cluster, coordinator, job["id"])["status"] == "RUNNING"
 
     net.heal(victim.slot)
     wait_until(lambda: _runs_share(cluster, coordinator, victim),
-               "the healed member to run its share of the job again", 90, interval=0.2)
+               what="the healed member to run its share of the job again", timeout=90, interval=0.2)
     # the member's return moves the group's partitions once; the coordinator stays
     wait_until(lambda: cluster.coordinator(coordinator) is coordinator,
-               "the coordinator to coordinate on after the member's return", 30, interval=0.2)
-    _produce(bootstrap, source, batches[2])
-    wait_until(lambda: out.has(3000), "the sums on three members again", 60, interval=0.2)
+               what="the coordinator to coordinate on after the member's return", timeout=30,
+               interval=0.2)
+    produce_events(bootstrap, source, batches[2])
+    wait_until(lambda: out.has(3000),
+               what="the sums on three members again", timeout=60, interval=0.2)
     _assert_exactly_once(out, events)
 
 
@@ -229,35 +227,40 @@ def test_with_the_quorum_rule_a_coordinator_cut_off_steps_down_and_rejoins_as_a_
     once."""
     members = cluster.start(3)
     bootstrap = cluster.bootstrap
-    source, sink = _topic(bootstrap), _topic(bootstrap)
+    source, sink = new_topic(bootstrap), new_topic(bootstrap)
     batches = [_batch(0, 1000), _batch(1000, 1000), _batch(2000, 1000)]
     events = batches[0] + batches[1] + batches[2]
-    _produce(bootstrap, source, batches[0])
+    produce_events(bootstrap, source, batches[0])
     old = cluster.coordinator()
     other = next(m for m in members if m is not old)
     job = _submit(cluster, other, tmp_path, source, sink, "sums", "--split-brain-protection")
     out = outputs(sink)
-    wait_until(lambda: out.has(1000), "the first sums", 60, interval=0)
+    wait_until(lambda: out.has(1000), what="the first sums", timeout=60, interval=0)
 
     net.cut(old.slot)
     new = wait_until(lambda: cluster.coordinator(via=other) not in (old, None)
-                     and cluster.coordinator(via=other), "another coordinator", 30, interval=0.5)
-    _produce(bootstrap, source, batches[1])
-    wait_until(lambda: out.has(2000), "the sums under the new coordinator", 30, interval=0.2)
+                     and cluster.coordinator(via=other),
+                     what="another coordinator", timeout=30, interval=0.5)
+    produce_events(bootstrap, source, batches[1])
+    wait_until(lambda: out.has(2000),
+               what="the sums under the new coordinator", timeout=30, interval=0.2)
     assert _status(cluster, new, job["id"])["status"] == "RUNNING"
     wait_until(lambda: "is no longer the coordinator" in old.log,
-               "the cut-off coordinator to step down while still cut off", 30, interval=0.3)
+               what="the cut-off coordinator to step down while still cut off", timeout=30,
+               interval=0.3)
 
     net.heal(old.slot)
     wait_until(lambda: _runs_share(cluster, other, old),
-               "the healed member to run its share of the job again", 90, interval=0.2)
-    _produce(bootstrap, source, batches[2])
-    wait_until(lambda: out.has(3000), "the sums on three members again", 60, interval=0.2)
+               what="the healed member to run its share of the job again", timeout=90, interval=0.2)
+    produce_events(bootstrap, source, batches[2])
+    wait_until(lambda: out.has(3000),
+               what="the sums on three members again", timeout=60, interval=0.2)
     _assert_exactly_once(out, events)
     # the healed member joins again as the youngest: it does not take coordination back
     # (its join is a rebalance, during which the group shows no coordinator)
     wait_until(lambda: cluster.coordinator(via=other) is new,
-               "the coordinator to stay the new one, not the healed member", 30, interval=0.3)
+               what="the coordinator to stay the new one, not the healed member", timeout=30,
+               interval=0.3)
     coordinators = {cluster.cluster(m)["coordinator"] for m in members}
     assert len(coordinators) == 1, f"the members disagree on the coordinator: {coordinators}"
 
@@ -271,18 +274,19 @@ def test_a_member_cut_off_from_its_peers_only_with_the_quorum_rule_on_and_off(
     member runs its share of both again. Every sum is written once."""
     members = cluster.start(3)
     bootstrap = cluster.bootstrap
-    source = _topic(bootstrap)
-    sinks = {"off": _topic(bootstrap), "on": _topic(bootstrap)}
+    source = new_topic(bootstrap)
+    sinks = {"off": new_topic(bootstrap), "on": new_topic(bootstrap)}
     batches = [_batch(0, 600), _batch(600, 600), _batch(1200, 600)]
     events = batches[0] + batches[1] + batches[2]
-    _produce(bootstrap, source, batches[0])
+    produce_events(bootstrap, source, batches[0])
     coordinator = cluster.coordinator()
     jobs = {"off": _submit(cluster, coordinator, tmp_path, source, sinks["off"], "sums-off"),
             "on": _submit(cluster, coordinator, tmp_path, source, sinks["on"], "sums-on",
                           "--split-brain-protection")}
     outs = {k: outputs(sink) for k, sink in sinks.items()}
     for k, out in outs.items():
-        wait_until(lambda out=out: out.has(600), f"the first sums of sums-{k}", 60, interval=0)
+        wait_until(lambda out=out: out.has(600),
+                   what=f"the first sums of sums-{k}", timeout=60, interval=0)
     victim = next(m for m in members if m is not coordinator)
     victim_host = victim.address.rpartition(":")[0]
 
@@ -290,21 +294,23 @@ def test_a_member_cut_off_from_its_peers_only_with_the_quorum_rule_on_and_off(
     assert net.reaches(victim.slot, net.host_address, int(bootstrap.rpartition(":")[2]))
     assert not net.reaches(victim.slot, coordinator.address.rpartition(":")[0], CLIENT_PORT)
     view = wait_until(lambda: (v := _view(cluster, coordinator)).get(victim_host, {}).get(
-        "state") == "UNREACHABLE" and v, "the coordinator to find the member unreachable", 30,
-        interval=0.5)
+        "state") == "UNREACHABLE" and v,
+                      what="the coordinator to find the member unreachable", timeout=30,
+                      interval=0.5)
     assert len(view) == 3, "Kafka should still count the member cut off from its peers only"
-    _produce(bootstrap, source, batches[1])
+    produce_events(bootstrap, source, batches[1])
     wait_until(lambda: all(out.has(1200) for out in outs.values()),
-               "both jobs to go on without the member", 30, interval=0.2)
+               what="both jobs to go on without the member", timeout=30, interval=0.2)
     for k, job in jobs.items():
         status = _status(cluster, coordinator, job["id"])
         assert "quorum" not in (status.get("failure") or ""), f"sums-{k}: {status}"
 
     net.rejoin_peers(victim.slot)
     wait_until(lambda: _runs_share(cluster, coordinator, victim, jobs=2),
-               "the member to run its share of both jobs again", 60, interval=0.2)
-    _produce(bootstrap, source, batches[2])
+               what="the member to run its share of both jobs again", timeout=60, interval=0.2)
+    produce_events(bootstrap, source, batches[2])
     for k, out in outs.items():
-        wait_until(lambda out=out: out.has(1800), f"every sum of sums-{k}", 60, interval=0.2)
+        wait_until(lambda out=out: out.has(1800),
+                   what=f"every sum of sums-{k}", timeout=60, interval=0.2)
         _assert_exactly_once(out, events)
         assert _status(cluster, coordinator, jobs[k]["id"])["status"] == "RUNNING"

@@ -10,7 +10,7 @@ import socket
 import threading
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 from jetwake.engine.cluster.peer_network import (PeerCallError, PeerNetwork,
                                                  PeerUnreachableError)
@@ -162,7 +162,7 @@ def test_a_slow_call_does_not_hold_up_other_calls_or_messages(pair):
     caller.start()
     assert a.call("b", b.address, "fast", [], timeout=5) == "fast"
     a.send("b", b.address, "note", "passed")
-    wait_until(lambda: got == ["passed"], "the message behind the slow call")
+    wait_until(lambda: got == ["passed"], what="the message behind the slow call")
     assert not slow
     release.set()
     caller.join(5)
@@ -174,7 +174,7 @@ def test_a_broken_connection_is_made_again_on_the_next_call(pair):
     b.set_call_handler(lambda peer, method, args: "ok")
     assert a.call("b", b.address, "ping", []) == "ok"
     b.disconnect("a")
-    wait_until(lambda: "b" not in a.peers(), "member a to notice the broken connection")
+    wait_until(lambda: "b" not in a.peers(), what="member a to notice the broken connection")
     assert a.call("b", b.address, "ping", []) == "ok"
     assert a.peers() == {"b": {"outgoing": 1, "incoming": 0}}
 
@@ -203,7 +203,7 @@ def test_one_way_messages_arrive_in_order_with_their_payloads():
         b.set_message_handler("progress", lambda peer, payload: got.append((peer, payload)))
         for i in range(2000):
             a.send("b", b.address, "progress", (i, b"blob"))
-        wait_until(lambda: len(got) == 2000, "2000 messages")
+        wait_until(lambda: len(got) == 2000, what="2000 messages")
         assert got == [("a", (i, b"blob")) for i in range(2000)]
     finally:
         a.stop()
@@ -216,7 +216,7 @@ def test_a_message_of_a_kind_without_handler_is_dropped_and_the_next_ones_arrive
     b.set_message_handler("known", lambda peer, payload: got.append(payload))
     a.send("b", b.address, "unknown", 1)
     a.send("b", b.address, "known", 2)
-    wait_until(lambda: got == [2], "the message after the unhandled one")
+    wait_until(lambda: got == [2], what="the message after the unhandled one")
 
 
 def test_a_wrong_token_is_refused_on_both_sides_with_the_reason():
@@ -226,7 +226,7 @@ def test_a_wrong_token_is_refused_on_both_sides_with_the_reason():
         with pytest.raises(PeerUnreachableError, match="was refused: .*wrong cluster token"):
             a.call("b", b.address, "status", [], timeout=5)
         assert a.refused == 1 and "wrong cluster token" in a.last_refusal
-        wait_until(lambda: b.refused == 1, "the accepting member to record the refusal")
+        wait_until(lambda: b.refused == 1, what="the accepting member to record the refusal")
         assert "does not hold this cluster's token" in b.last_refusal
     finally:
         a.stop()
@@ -240,7 +240,7 @@ def test_a_member_of_another_cluster_is_refused_on_both_sides_naming_both_cluste
         with pytest.raises(PeerUnreachableError, match="'staging'") as info:
             a.call("b", b.address, "status", [], timeout=5)
         assert "'prod'" in str(info.value) and "--cluster" in str(info.value)
-        wait_until(lambda: b.refused == 1, "the accepting member to record the refusal")
+        wait_until(lambda: b.refused == 1, what="the accepting member to record the refusal")
         assert "'staging'" in b.last_refusal and "'prod'" in b.last_refusal
     finally:
         a.stop()

@@ -11,7 +11,7 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
-from waiting import wait_until
+from support.waiting import wait_until
 
 from jetwake.engine.cluster.cluster_records import CHUNK_SIZE, ClusterRecords, records_topic
 from jetwake.engine.cluster.membership import FencedError
@@ -132,9 +132,9 @@ def test_a_reader_catches_up_with_what_was_written_since_its_last_read(cluster):
     reader = cluster()
     writer.put("job/1", b"one")
     # a commit becomes visible to other readers a moment after it returns
-    wait_until(lambda: reader.read_all() == {"job/1": b"one"}, "the first write", 10)
+    wait_until(lambda: reader.read_all() == {"job/1": b"one"}, what="the first write", timeout=10)
     writer.put_many([("job/2", b"two"), ("job/1", None)])
-    wait_until(lambda: reader.read_all() == {"job/2": b"two"}, "the second write", 10)
+    wait_until(lambda: reader.read_all() == {"job/2": b"two"}, what="the second write", timeout=10)
     assert reader.read_all() == {"job/2": b"two"}  # nothing new: returns at once, same answer
 
 

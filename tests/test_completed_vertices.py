@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 from jetwake import JobConfig, Member, Pipeline, Processor, Sinks, Sources, TestSources
-from waiting import wait_until
+from support.waiting import wait_until
 
 
 class SumOnComplete(Processor):

@@ -24,7 +24,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
+from support.cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
 from reference.generate import skewed_partitions
 from reference.process_runtimes import (
     cluster_expected, cluster_scenarios, functions_by_value, run_on_cluster,
@@ -132,7 +132,7 @@ def test_job_metrics_of_a_running_cluster_job_sum_every_members_processors(
     from jetwake.connectors.generated_sources import TestSources
 
     from reference.functions import key_of
-    from waiting import wait_until
+    from support.waiting import wait_until
     keys = [f"k{i}" for i in range(60)]  # spread over the members' partitions
     # after its items the source waits for a snapshot, not due for an hour: the job runs on
     items = [(0, k, 1, i) for i, k in enumerate(keys)] + [TestSources.WAIT_FOR_SNAPSHOT()]

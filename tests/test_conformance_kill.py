@@ -5,7 +5,7 @@ reference model says (tests/reference/): nothing lost, nothing twice, and every 
 model calls late routed to its late sink, also when it arrives after a restore.
 
 The runtime is ``reference.process_runtimes.run_with_kills`` (the member process is
-tests/conformance_process.py): the sinks are maps numbering each item's occurrences (a
+tests/support/conformance_process.py): the sinks are maps numbering each item's occurrences (a
 named list does not survive its process), the sources ``TestSources.partitioned``'s
 processor read at a pace that makes the job last about three seconds. ``late_events``
 metrics are per execution: only checked to be at most the model's count for the whole run (the

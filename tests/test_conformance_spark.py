@@ -62,7 +62,7 @@ from reference.kafka_runtimes import (
 )
 from reference.model import expected_run, run_model
 from reference.result import RunResult, difference
-from spark_fixtures import spark_runner  # noqa: F401 - a fixture
+from support.spark_fixtures import spark_runner  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.kafka]
 

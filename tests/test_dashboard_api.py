@@ -23,8 +23,8 @@ from jetwake.engine.jobs import job_coordinator
 from jetwake.engine.jobs.snapshot_history import SNAPSHOT_HISTORY, SnapshotHistory
 from jetwake.engine.server.dashboard import routes
 from jetwake.engine.server.metrics import MetricsServer
-from dashboard_support import TOKEN, DashboardMember, Http, free_port
-from waiting import wait_until
+from support.dashboard import TOKEN, DashboardMember, Http, free_port
+from support.waiting import wait_until
 
 
 def late_every_tenth(timestamp: int, sequence: int) -> tuple[int, int]:
@@ -116,7 +116,7 @@ def test_the_jobs_list_shows_each_job_with_status_guarantee_rates_and_snapshot_a
         jobs = http.get("/api/jobs").json
         return jobs if jobs and jobs[0]["in_per_s"] > 0 and len(jobs[0]["history"]) >= 2 \
             and jobs[0]["last_snapshot_age_s"] is not None else None
-    [j] = wait_until(listed, "the job with rates and a snapshot", 20, 0.2)
+    [j] = wait_until(listed, what="the job with rates and a snapshot", timeout=20, interval=0.2)
     assert (j["id"], j["name"], j["status"], j["guarantee"], j["light"]) == \
         (job.id, "windows", "RUNNING", "at_least_once", False)
     assert j["submitted"] and j["submission_time"] > 0
@@ -137,7 +137,8 @@ def test_a_job_shows_its_dag_with_parallelism_edge_kinds_and_its_config(member, 
     # on one member, each vertex runs as many processors as its local parallelism
     detail = wait_until(lambda: (lambda d: d if all(
         v["processors"] == v["local_parallelism"] for v in d["dag"]["vertices"]) else None)(
-            http.get(f"/api/jobs/{job.id}").json), "every processor running", 10, 0.1)
+            http.get(f"/api/jobs/{job.id}").json),
+                        what="every processor running", timeout=10, interval=0.1)
     kinds = {(e["from"], e["to"]): (e["routing"], e["distributed"])
              for e in detail["dag"]["edges"]}
     assert kinds == {(e.source.name, e.destination.name): (e.routing.value, e.is_distributed)
@@ -157,7 +158,7 @@ def test_each_vertex_shows_its_rates_watermark_lag_and_late_events(member, http)
         acc = _vertex(d, "window-aggregate-accumulate")
         return d if acc["late_events"] > 0 and acc["in_per_s"] > 0 \
             and acc["watermark_lag_ms"] is not None else None
-    detail = wait_until(read, "late events, rates and a watermark", 20, 0.2)
+    detail = wait_until(read, what="late events, rates and a watermark", timeout=20, interval=0.2)
     source, acc = _vertex(detail, "item-stream"), _vertex(detail, "window-aggregate-accumulate")
     assert 50 < source["out_per_s"] < 400 and source["items_out"] > 0
     assert acc["items_in"] > 0 and acc["processors"] == 1
@@ -174,7 +175,8 @@ def test_a_vertex_that_cannot_keep_up_shows_a_full_queue(member, http):
     job = member.new_job(_slow_pipeline(), JobConfig(name="slow"))
     detail = wait_until(
         lambda: (lambda d: d if _vertex(d, "slow-sink")["queue_fill"] > 0.5 else None)(
-            http.get(f"/api/jobs/{job.id}").json), "the slow sink's queue to fill", 20, 0.2)
+            http.get(f"/api/jobs/{job.id}").json),
+                        what="the slow sink's queue to fill", timeout=20, interval=0.2)
     assert _vertex(detail, "item-stream")["queue_fill"] == 0.0  # a source has no queue
     assert _vertex(detail, "slow-sink")["queue_fill"] <= 1.0
 
@@ -196,7 +198,7 @@ def test_the_snapshot_history_has_each_snapshot_with_its_phase_size_and_failure(
     job = member.new_job(p, JobConfig(name="held", processing_guarantee="at_least_once",
                                       snapshot_interval_ms=3_600_000))
     coordinator = member.find_coordinator(job.id)
-    wait_until(lambda: job.status == JobStatus.RUNNING, "the job to run")
+    wait_until(lambda: job.status == JobStatus.RUNNING, what="the job to run")
     good = coordinator.take_snapshot()
     HoldsSnapshots.hold = True
     try:
@@ -233,7 +235,7 @@ def test_a_failed_job_shows_its_error_with_the_traceback(member, http):
     p = Pipeline()
     p.read_from(TestSources.items(list(range(10)))).map(explode).write_to(Sinks.list("out"))
     job = member.new_job(p, JobConfig(name="explodes"))
-    wait_until(lambda: job.status == JobStatus.FAILED, "the job to fail")
+    wait_until(lambda: job.status == JobStatus.FAILED, what="the job to fail")
     detail = http.get(f"/api/jobs/{job.id}").json
     assert detail["status"] == "FAILED"
     error = detail["error"]
@@ -245,8 +247,8 @@ def test_a_failed_job_shows_its_error_with_the_traceback(member, http):
 def test_the_cluster_of_one_member_shows_it_with_its_memory_and_cpu(member, http):
     _stream_job(member)
     info = wait_until(lambda: (lambda c: c if c["members"][0]["cpu_percent"] is not None
-                               else None)(http.get("/api/cluster").json), "a CPU reading", 10,
-                      0.2)
+                               else None)(http.get("/api/cluster").json),
+                      what="a CPU reading", timeout=10, interval=0.2)
     assert info["quorum"] == 1 and info["state"] == "ACTIVE" and len(info["members"]) == 1
     [m] = info["members"]
     assert m["coordinator"] is True and m["address"] == member.address
@@ -258,7 +260,7 @@ def test_the_cluster_of_one_member_shows_it_with_its_memory_and_cpu(member, http
 
 def test_exported_snapshots_are_listed_and_deleted_with_the_token(member, http):
     job = _stream_job(member)
-    wait_until(lambda: job.status == JobStatus.RUNNING, "the job to run")
+    wait_until(lambda: job.status == JobStatus.RUNNING, what="the job to run")
     r = http.post(f"/api/jobs/{job.id}/export-snapshot", token=TOKEN, body={"name": "keep-1"})
     assert r.status == 200, r.text
     assert r.json["name"] == "keep-1" and r.json["size_bytes"] > 0
@@ -280,24 +282,24 @@ def test_exported_snapshots_are_listed_and_deleted_with_the_token(member, http):
 
 def test_the_actions_with_the_token_suspend_resume_restart_and_cancel_the_job(member, http):
     job = _stream_job(member)
-    wait_until(lambda: job.status == JobStatus.RUNNING, "the job to run")
+    wait_until(lambda: job.status == JobStatus.RUNNING, what="the job to run")
     url = f"/api/jobs/{job.id}"
     assert http.post(url + "/suspend", token=TOKEN).status == 200
-    wait_until(lambda: job.status == JobStatus.SUSPENDED, "SUSPENDED")
+    wait_until(lambda: job.status == JobStatus.SUSPENDED, what="SUSPENDED")
     assert http.get(url).json["status"] == "SUSPENDED"
     r = http.post(url + "/suspend", token=TOKEN)  # the state refuses it: 409 with why
     assert r.status == 409 and "SUSPENDED" in r.json["message"]
     assert http.post(url + "/resume", token=TOKEN).status == 200
-    wait_until(lambda: job.status == JobStatus.RUNNING, "RUNNING again")
+    wait_until(lambda: job.status == JobStatus.RUNNING, what="RUNNING again")
     restarts = member.find_coordinator(job.id).restart_count
     # the other spellings of an action: /actions/ACTION, and the action in the body
     assert http.post(url + "/actions/restart", token=TOKEN).status == 200
     wait_until(lambda: member.find_coordinator(job.id).restart_count == restarts + 1,
-               "a restart")
-    wait_until(lambda: job.status == JobStatus.RUNNING, "RUNNING after the restart")
+               what="a restart")
+    wait_until(lambda: job.status == JobStatus.RUNNING, what="RUNNING after the restart")
     r = http.post(url, headers={"Authorization": f"Bearer {TOKEN}"}, body={"action": "cancel"})
     assert r.status == 200, r.text
-    wait_until(lambda: job.status == JobStatus.FAILED, "cancelled")
+    wait_until(lambda: job.status == JobStatus.FAILED, what="cancelled")
 
 
 @pytest.mark.parametrize("token", [None, "wrong-token"], ids=["missing", "wrong"])
@@ -305,7 +307,7 @@ def test_the_actions_with_the_token_suspend_resume_restart_and_cancel_the_job(me
 def test_an_action_without_the_right_token_is_refused_and_changes_nothing(member, http,
                                                                           action, token):
     job = _stream_job(member)
-    wait_until(lambda: job.status == JobStatus.RUNNING, "the job to run")
+    wait_until(lambda: job.status == JobStatus.RUNNING, what="the job to run")
     coordinator = member.find_coordinator(job.id)
     restarts = coordinator.restart_count
     r = http.post(f"/api/jobs/{job.id}/{action}", token=token, body={"name": "not-taken"})
@@ -322,7 +324,7 @@ def test_an_action_without_the_right_token_is_refused_and_changes_nothing(member
 
 def test_an_action_from_another_site_is_refused_even_with_the_token(member, http):
     job = _stream_job(member)
-    wait_until(lambda: job.status == JobStatus.RUNNING, "the job to run")
+    wait_until(lambda: job.status == JobStatus.RUNNING, what="the job to run")
     r = http.post(f"/api/jobs/{job.id}/suspend", token=TOKEN,
                   headers={"Origin": "http://elsewhere.example"})
     assert r.status == 403 and "another site" in r.json["message"]
@@ -332,7 +334,7 @@ def test_an_action_from_another_site_is_refused_even_with_the_token(member, http
 def test_every_action_is_logged_with_the_client_address(member, http, caplog):
     caplog.set_level(logging.INFO, logger="jetwake.dashboard")
     job = _stream_job(member)
-    wait_until(lambda: job.status == JobStatus.RUNNING, "the job to run")
+    wait_until(lambda: job.status == JobStatus.RUNNING, what="the job to run")
     http.post(f"/api/jobs/{job.id}/restart", token="wrong")
     http.post(f"/api/jobs/{job.id}/restart", token=TOKEN)
     lines = [r.getMessage() for r in caplog.records if r.name == "jetwake.dashboard"]
@@ -471,7 +473,8 @@ def test_member_start_serves_the_dashboard_and_requires_the_token_when_asked(tmp
         assert j["id"] == job["id"] and j["name"] == "windows"
         assert "jetwake_vertex_items_out_total" in http.get("/metrics").text
         assert http.post(f"/api/jobs/{job['id']}/suspend", token=TOKEN).status == 200
-        wait_until(lambda: member.status("windows") == "SUSPENDED", "SUSPENDED", 30, 0.2)
+        wait_until(lambda: member.status("windows") == "SUSPENDED",
+                   what="SUSPENDED", timeout=30, interval=0.2)
         assert re.search(r"dashboard: suspend of job '\S+' requested by 127\.0\.0\.1:\d+",
                          member.log)
         assert "dashboard on http://127.0.0.1:" in member.log
@@ -517,7 +520,7 @@ def test_a_kafka_source_shows_its_lag_per_partition_and_its_dead_letters(
         # a partition's position is known once its consumer has fetched from it
         return d if len(d["kafka_lag"]) == 2 and all(
             x["end"] == 200 and x["position"] is not None for x in d["kafka_lag"]) else None
-    detail = wait_until(read, "the lag of both partitions", 60, 0.2)
+    detail = wait_until(read, what="the lag of both partitions", timeout=60, interval=0.2)
     lags = {x["partition"]: x for x in detail["kafka_lag"]}
     assert set(lags) == {0, 1} and {x["topic"] for x in lags.values()} == {topic}
     for x in lags.values():
@@ -530,23 +533,23 @@ def test_a_kafka_source_shows_its_lag_per_partition_and_its_dead_letters(
         d = http.get(f"/api/jobs/{job.id}").json
         return d if _vertex(d, source)["dead_letters"] == 8 and all(
             x["lag"] == 0 and x["position"] == 200 for x in d["kafka_lag"]) else None
-    wait_until(drained, "every record read, 8 dead letters", 60, 0.2)
+    wait_until(drained, what="every record read, 8 dead letters", timeout=60, interval=0.2)
 
 
 @pytest.mark.integration
 @pytest.mark.kafka
 def test_every_member_of_a_cluster_shows_the_same_jobs_with_counts_from_all_members(
         tmp_path, kafka_bootstrap):
-    from cluster_processes import ClusterProcesses
+    from support.cluster_processes import ClusterProcesses
     cluster = ClusterProcesses(tmp_path, kafka_bootstrap, token=TOKEN)
     ports = [free_port(), free_port()]
     try:
         members = [cluster.start_member("--metrics-port", str(p)) for p in ports]
-        wait_until(lambda: all(m.ready() for m in members), "both members serving", 60)
+        wait_until(lambda: all(m.ready() for m in members), what="both members serving", timeout=60)
         wait_until(lambda: len(cluster.cluster(members[0])["members"]) == 2,
-                   "a cluster of two", 60, 0.2)
+                   what="a cluster of two", timeout=60, interval=0.2)
         path = tmp_path / "stream_job.py"
-        from dashboard_support import STREAM_JOB_PY
+        from support.dashboard import STREAM_JOB_PY
         path.write_text(STREAM_JOB_PY)
         job = cluster.cli_json(members[0], "submit", str(path), "--name", "windows",
                                "--guarantee", "at_least_once", "--snapshot-interval", "1000")
@@ -556,12 +559,14 @@ def test_every_member_of_a_cluster_shows_the_same_jobs_with_counts_from_all_memb
             lists = [d.get("/api/jobs").json for d in dashboards]
             return lists if all(len(x) == 1 and x[0]["status"] == "RUNNING"
                                 for x in lists) else None
-        lists = wait_until(both_running, "the job RUNNING on both dashboards", 60, 0.2)
+        lists = wait_until(both_running,
+                           what="the job RUNNING on both dashboards", timeout=60, interval=0.2)
         assert lists[0][0]["id"] == lists[1][0]["id"] == job["id"]
         for d in dashboards:
             detail = wait_until(lambda: (lambda x: x if _vertex(
                 x, "window-aggregate-accumulate")["processors"] == 2 else None)(
-                    d.get(f"/api/jobs/{job['id']}").json), "both members' shares", 30, 0.2)
+                    d.get(f"/api/jobs/{job['id']}").json),
+                                what="both members' shares", timeout=30, interval=0.2)
             assert detail["id"] == job["id"]
             info = d.get("/api/cluster").json
             assert len(info["members"]) == 2
@@ -569,6 +574,7 @@ def test_every_member_of_a_cluster_shows_the_same_jobs_with_counts_from_all_memb
         # an action through either member reaches the job
         assert dashboards[1].post(f"/api/jobs/{job['id']}/suspend", token=TOKEN).status == 200
         wait_until(lambda: all(d.get("/api/jobs").json[0]["status"] == "SUSPENDED"
-                               for d in dashboards), "SUSPENDED on both", 60, 0.2)
+                               for d in dashboards),
+                   what="SUSPENDED on both", timeout=60, interval=0.2)
     finally:
         cluster.stop_all()

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from dashboard_support import TOKEN, DashboardMember
-from waiting import wait_until
+from support.dashboard import TOKEN, DashboardMember
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +111,7 @@ def click(driver, css: str) -> None:
             return False
         except WebDriverException:
             return False
-    wait_until(clicked, f"a click on {css}", 10, 0.05)
+    wait_until(clicked, what=f"a click on {css}", timeout=10, interval=0.05)
 
 
 def use_token(driver, token: str) -> None:
@@ -121,22 +121,23 @@ def use_token(driver, token: str) -> None:
     field.send_keys(token)
     click(driver, "#token-save")
     wait_until(lambda: not driver.find_elements(By.CSS_SELECTOR, "dialog[open]"),
-               "the token dialog to close", 5)
+               what="the token dialog to close", timeout=5)
 
 
 def open_job_page(driver, member) -> None:
     driver.get(f"{member.base}/jobs/{member.job['id']}")
-    wait_until(lambda: text_of(driver, "#job-name") == "windows", "the job page", 15, 0.1)
+    wait_until(lambda: text_of(driver, "#job-name") == "windows",
+               what="the job page", timeout=15, interval=0.1)
 
 
 def test_the_job_list_shows_the_job_running(browser, member, tmp_path):
     browser.get(member.base + "/")
     row = '#jobs tr[data-job-name="windows"]'
     wait_until(lambda: text_of(browser, row + " .status") == "RUNNING",
-               "the job RUNNING in the list", 20, 0.1)
+               what="the job RUNNING in the list", timeout=20, interval=0.1)
     assert text_of(browser, row + " .job-link") == "windows"
     wait_until(lambda: (text_of(browser, row + " .rate-in") or "0.0/s") != "0.0/s",
-               "a rate in", 15, 0.1)
+               what="a rate in", timeout=15, interval=0.1)
     screenshot(browser, tmp_path, "jobs")
 
 
@@ -144,7 +145,7 @@ def test_the_job_page_draws_its_vertices_and_edges(browser, member, tmp_path):
     browser.get(member.base + "/")
     click(browser, '#jobs tr[data-job-name="windows"] .job-link')
     wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#dag g.vertex"),
-               "the graph", 15, 0.1)
+               what="the graph", timeout=15, interval=0.1)
     detail = member.http.get(f"/api/jobs/{member.job['id']}").json
     names = [v["name"] for v in detail["dag"]["vertices"]]
 
@@ -154,9 +155,10 @@ def test_the_job_page_draws_its_vertices_and_edges(browser, member, tmp_path):
                     for g in browser.find_elements(By.CSS_SELECTOR, "#dag g.vertex")]
         except StaleElementReferenceException:
             return None
-    assert wait_until(lambda: drawn() == names and drawn(), "every vertex drawn", 10, 0.1)
+    assert wait_until(lambda: drawn() == names and drawn(),
+                      what="every vertex drawn", timeout=10, interval=0.1)
     edges = wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#dag g.edge")),
-                       "the edges", 10, 0.1)
+                       what="the edges", timeout=10, interval=0.1)
     assert edges == len(detail["dag"]["edges"])
     assert text_of(browser, "#job-status") == "RUNNING"
     screenshot(browser, tmp_path, "job")
@@ -166,11 +168,12 @@ def test_the_throughput_numbers_change_without_a_reload(browser, member, tmp_pat
     open_job_page(browser, member)
     browser.execute_script("window.__sameDocument = true;")  # gone if the page reloads
     cell = '#vertices tr[data-vertex="item-stream"] .items-out'
-    first = wait_until(lambda: text_of(browser, cell), "the source's count", 10, 0.1)
+    first = wait_until(lambda: text_of(browser, cell),
+                       what="the source's count", timeout=10, interval=0.1)
     second = wait_until(lambda: (lambda t: t if t and t != first else None)(
-        text_of(browser, cell)), "the count to change", 10, 0.1)
+        text_of(browser, cell)), what="the count to change", timeout=10, interval=0.1)
     wait_until(lambda: (lambda t: t and t not in (first, second))(text_of(browser, cell)),
-               "the count to change again", 10, 0.1)
+               what="the count to change again", timeout=10, interval=0.1)
     assert int(second.replace(",", "")) > int(first.replace(",", ""))
     rate = text_of(browser, '#vertices tr[data-vertex="item-stream"] .rate-out')
     assert rate.endswith("/s") and float(rate[:-2]) > 0
@@ -182,7 +185,8 @@ def test_a_suspend_clicked_with_a_wrong_token_changes_nothing(browser, member, t
     use_token(browser, "not-the-token")
     click(browser, "#action-suspend")
     click(browser, "#confirm-ok")
-    wait_until(lambda: "403" in (text_of(browser, "#notice") or ""), "the refusal", 10, 0.1)
+    wait_until(lambda: "403" in (text_of(browser, "#notice") or ""),
+               what="the refusal", timeout=10, interval=0.1)
     assert "wrong token" in text_of(browser, "#notice")
     screenshot(browser, tmp_path, "refused")
     # nothing happens: the page and the member keep saying RUNNING
@@ -197,12 +201,13 @@ def test_a_suspend_clicked_with_a_wrong_token_changes_nothing(browser, member, t
 def test_a_suspend_clicked_with_the_token_suspends_the_job(browser, member, tmp_path):
     open_job_page(browser, member)
     use_token(browser, TOKEN)
-    wait_until(lambda: text_of(browser, "#auth-state") == "token accepted", "the token", 5)
+    wait_until(lambda: text_of(browser, "#auth-state") == "token accepted",
+               what="the token", timeout=5)
     click(browser, "#action-suspend")
     assert "terminal snapshot" in text_of(browser, "#confirm-text")
     click(browser, "#confirm-ok")
     wait_until(lambda: text_of(browser, "#job-status") == "SUSPENDED",
-               "SUSPENDED in the page", 20, 0.1)
+               what="SUSPENDED in the page", timeout=20, interval=0.1)
     assert member.status("windows") == "SUSPENDED"
     screenshot(browser, tmp_path, "suspended")
 
@@ -216,15 +221,18 @@ def test_the_cluster_and_snapshots_pages_and_a_404_page(browser, member, tmp_pat
     field.clear()
     field.send_keys("windows-export")
     click(browser, "#confirm-ok")
-    wait_until(lambda: "requested" in (text_of(browser, "#notice") or ""), "the export", 20)
+    wait_until(lambda: "requested" in (text_of(browser, "#notice") or ""),
+               what="the export", timeout=20)
     browser.get(member.base + "/snapshots")
     wait_until(lambda: text_of(browser, '#snapshots tr[data-snapshot="windows-export"]'),
-               "the exported snapshot listed", 10, 0.1)
+               what="the exported snapshot listed", timeout=10, interval=0.1)
     screenshot(browser, tmp_path, "snapshots")
 
     browser.get(member.base + "/cluster")
-    wait_until(lambda: text_of(browser, "#cluster-state") == "ACTIVE", "the cluster", 10, 0.1)
-    row = wait_until(lambda: text_of(browser, "#members tbody tr"), "the member row", 10, 0.1)
+    wait_until(lambda: text_of(browser, "#cluster-state") == "ACTIVE",
+               what="the cluster", timeout=10, interval=0.1)
+    row = wait_until(lambda: text_of(browser, "#members tbody tr"),
+                     what="the member row", timeout=10, interval=0.1)
     assert member.address in row and "MB" in row
     screenshot(browser, tmp_path, "cluster")
 

@@ -14,9 +14,9 @@ import pytest
 
 from jetwake import Member
 from jetwake.engine.core.errors import DataDirectoryLockedError
-from waiting import wait_until
+from support.waiting import wait_until
 
-MEMBER_PROCESS = os.path.join(os.path.dirname(__file__), "member_process.py")
+MEMBER_PROCESS = os.path.join(os.path.dirname(__file__), "support", "member_process.py")
 
 # opens a member on argv[1]; exit 3 and the message when the directory is taken
 SECOND_MEMBER = """
@@ -97,7 +97,7 @@ def test_a_sigkilled_member_leaves_no_stale_lock(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         holder = wait_until(lambda: (lock_holder(data_dir) or {}).get("pid") == proc.pid
-                            and lock_holder(data_dir), "the member process to lock")
+                            and lock_holder(data_dir), what="the member process to lock")
         assert holder["host"] == socket.gethostname()
         with pytest.raises(DataDirectoryLockedError, match=f"pid {proc.pid} "):
             Member(data_dir)

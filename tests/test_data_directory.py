@@ -12,7 +12,7 @@ import pytest
 from jetwake import JobConfig, JobNotFoundError, JobStatus, Member
 from jetwake.engine.core.errors import SnapshotError
 from jetwake.engine.jobs.job_records import JobRecordError
-from snapshot_fixtures import running_sum_pipeline
+from support.snapshot_fixtures import running_sum_pipeline
 
 
 def eo(name: str = "sums") -> JobConfig:
@@ -101,7 +101,7 @@ def test_a_job_running_when_its_member_stopped_resumes_with_its_snapshot(tmp_pat
 
 def rocksdb_rolling(limit: int | None):
     from jetwake import AggregateOperations, Pipeline, Sinks
-    from snapshot_fixtures import counting_source
+    from support.snapshot_fixtures import counting_source
 
     p = Pipeline()
     (p.read_from(counting_source(limit))

@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from jetwake import JobCancelledError, JobConfig, JobStatus, Member, Pipeline, Sinks
 from jetwake.engine.core.errors import SnapshotWriteError
 from jetwake.engine.server.metrics import JetwakeCollector
-from snapshot_fixtures import RunningSum, counting_source
-from waiting import wait_until
+from support.snapshot_fixtures import RunningSum, counting_source
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +98,7 @@ def fill_until_snapshots_fail(disk: Disk, c, leave_pages: int = 0) -> None:
             disk.fill(leave_pages)
         failures, count = c.snapshot_failures, c.snapshot_count
         wait_until(lambda: c.snapshot_failures >= failures + 2 or c.snapshot_count > count,
-                   "snapshots to fail or commit")
+                   what="snapshots to fail or commit")
         if c.snapshot_count == count:
             return
     raise AssertionError("snapshots kept committing on a full disk")
@@ -138,7 +138,7 @@ def test_a_full_disk_fails_snapshots_while_the_job_runs_on_and_it_recovers_by_it
         m.add_listener(lambda _id, _name, event: events.append(event))
         job = m.new_job(pipeline(), eo())
         c = m.find_coordinator(job.id)
-        wait_until(lambda: job.last_snapshot, "a snapshot")
+        wait_until(lambda: job.last_snapshot, what="a snapshot")
         good = job.last_snapshot.snapshot_id
 
         fill_until_snapshots_fail(disk, c)
@@ -152,11 +152,11 @@ def test_a_full_disk_fails_snapshots_while_the_job_runs_on_and_it_recovers_by_it
         assert m.snapshot_store.latest(job.id).snapshot_id >= good, "the last good one stays"
         items = job.metrics()["running-sum"]["items_out"]
         wait_until(lambda: job.metrics()["running-sum"]["items_out"] > items + 1000,
-                   "the job to process items on a full disk")
+                   what="the job to process items on a full disk")
 
         disk.free()
         count = c.snapshot_count
-        wait_until(lambda: c.snapshot_count > count, "a snapshot once there is space")
+        wait_until(lambda: c.snapshot_count > count, what="a snapshot once there is space")
         assert c.last_snapshot_error is None
         assert job.status == JobStatus.RUNNING
         job.cancel()
@@ -167,7 +167,7 @@ def test_a_snapshot_whose_commit_record_cannot_be_written_leaves_nothing_behind(
     with Member(data_dir) as m:
         job = m.new_job(source_only(), eo())
         c = m.find_coordinator(job.id)
-        wait_until(lambda: job.last_snapshot, "a snapshot")
+        wait_until(lambda: job.last_snapshot, what="a snapshot")
         # one free page: a snapshot gets its id and its data file, not its commit record
         fill_until_snapshots_fail(disk, c, leave_pages=1)
         assert job.status == JobStatus.RUNNING
@@ -178,7 +178,7 @@ def test_a_snapshot_whose_commit_record_cannot_be_written_leaves_nothing_behind(
         assert uncommitted == [] and tmp == []
         disk.free()
         count = c.snapshot_count
-        wait_until(lambda: c.snapshot_count > count, "a snapshot once there is space")
+        wait_until(lambda: c.snapshot_count > count, what="a snapshot once there is space")
         job.cancel()
 
 
@@ -204,7 +204,7 @@ def test_operations_during_a_full_disk_end_in_states_the_user_can_act_on(disk):
         m.add_listener(lambda _id, _name, event: events.append(event))
         job = m.new_job(pipeline(), eo())
         c = m.find_coordinator(job.id)
-        wait_until(lambda: job.last_snapshot, "a snapshot")
+        wait_until(lambda: job.last_snapshot, what="a snapshot")
         fill_until_snapshots_fail(disk, c)
 
         # restart: the job record cannot be written, the job runs again all the same
@@ -224,7 +224,7 @@ def test_operations_during_a_full_disk_end_in_states_the_user_can_act_on(disk):
         job.suspend()
         assert job.status == JobStatus.SUSPENDED
         wait_until(lambda: recorded(data_dir, job.id)["status"] == "SUSPENDED",
-                   "the record to catch up")
+                   what="the record to catch up")
         disk.fill()
         job.resume()
         assert job.status == JobStatus.RUNNING
@@ -234,7 +234,7 @@ def test_operations_during_a_full_disk_end_in_states_the_user_can_act_on(disk):
         # the record is on disk a moment before the coordinator clears its error: wait for both
         wait_until(lambda: recorded(data_dir, job.id)["status"] == "RUNNING"
                    and c.record_error is None,
-                   "the record to be written again once there is space")
+                   what="the record to be written again once there is space")
         assert c.record_error is None
 
         # cancel on a full disk: the job ends (deleting its snapshots makes room for the record)
@@ -243,7 +243,7 @@ def test_operations_during_a_full_disk_end_in_states_the_user_can_act_on(disk):
         assert job.status == JobStatus.FAILED
         with pytest.raises(JobCancelledError):
             job.join(1)
-        wait_until(lambda: recorded(data_dir, job.id)["status"] == "FAILED", "the record")
+        wait_until(lambda: recorded(data_dir, job.id)["status"] == "FAILED", what="the record")
     with Member(data_dir) as m:  # the cancelled job is not resurrected
         assert m.job(job.id).status == JobStatus.FAILED
 
@@ -268,7 +268,7 @@ def test_a_graceful_shutdown_on_a_full_disk_resumes_from_the_last_good_snapshot(
     m = Member(data_dir)
     job = m.new_job(pipeline(), eo())
     c = m.find_coordinator(job.id)
-    wait_until(lambda: job.last_snapshot, "a snapshot")
+    wait_until(lambda: job.last_snapshot, what="a snapshot")
     fill_until_snapshots_fail(disk, c)
     last_good = m.snapshot_store.latest(job.id)
     m.shutdown()  # its terminal snapshot cannot be written

@@ -65,6 +65,8 @@ from pathlib import Path
 
 import pytest
 
+from support.ports import free_port as _free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PYTHON_TAGS = {"python", "py"}
@@ -228,12 +230,6 @@ for message in sys.stdin:
         break
     replies.write(json.dumps({"ok": True}) + "\n")
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, chars: int = 6000) -> str:

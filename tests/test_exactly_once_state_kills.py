@@ -19,9 +19,11 @@ import time
 
 import pytest
 
+from support.restores import restored_snapshots, wait_for_a_new_snapshot
+
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "state_shapes_process.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "support", "state_shapes_process.py")
 EVENTS = 8000
 KILLS = 3
 
@@ -48,20 +50,33 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait(10)
 
 
-def _run_with_kills(data_dir: str, shape: str, backend: str, seed: int) -> dict:
-    rnd = random.Random(seed)
+def _kill_at_random_moments(data_dir: str, rnd: random.Random, start) -> None:
+    """KILLS runs, each SIGKILLed at a random moment after it has taken a snapshot of its own
+    (a kill before any snapshot would leave the next run nothing to restore)."""
     for _ in range(KILLS):
-        proc = _start(data_dir, shape, backend)
+        proc = start()
         try:
-            time.sleep(rnd.uniform(0.7, 1.8))  # the moment of the kill is the experiment
+            wait_for_a_new_snapshot(data_dir)
+            time.sleep(rnd.uniform(0.0, 1.0))  # the moment of the kill is the experiment
         finally:
             _kill(proc)
+
+
+def _assert_restored_after_every_kill(data_dir: str, seed: int) -> None:
+    restored = restored_snapshots(data_dir)
+    assert len(restored) >= KILLS, f"seed {seed}: restored from snapshots {restored} only"
+
+
+def _run_with_kills(data_dir: str, shape: str, backend: str, seed: int) -> dict:
+    rnd = random.Random(seed)
+    _kill_at_random_moments(data_dir, rnd, lambda: _start(data_dir, shape, backend))
     proc = _start(data_dir, shape, backend, check=True)
     try:
         _, err = proc.communicate(timeout=150)
     finally:
         _kill(proc)
     assert proc.returncode == 0, err.decode()[-3000:]
+    _assert_restored_after_every_kill(data_dir, seed)
     with open(os.path.join(data_dir, "result.json")) as f:
         return json.load(f)
 
@@ -107,12 +122,8 @@ def test_kafka_map_stateful_list_counter_is_exact_in_every_output_record(tmp_pat
     env = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "STATE_IN_TOPIC": in_topic,
            "STATE_OUT_TOPIC": out_topic}
     data_dir = str(tmp_path / "member")
-    for _ in range(KILLS):
-        proc = _start(data_dir, "kafka_map_stateful_list", "memory", env_extra=env)
-        try:
-            time.sleep(rnd.uniform(0.8, 2.0))  # the moment of the kill is the experiment
-        finally:
-            _kill(proc)
+    _kill_at_random_moments(data_dir, rnd, lambda: _start(
+        data_dir, "kafka_map_stateful_list", "memory", env_extra=env))
     proc = _start(data_dir, "kafka_map_stateful_list", "memory", env_extra=env)
     got: dict[str, list[int]] = {k: [] for k in keys}
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"check-{seed}",
@@ -135,3 +146,4 @@ def test_kafka_map_stateful_list_counter_is_exact_in_every_output_record(tmp_pat
         _kill(proc)
     wrong = {k: (v[:5], len(v)) for k, v in got.items() if v != list(range(1, want[k] + 1))}
     assert not wrong, f"seed {seed}: keys with lost, repeated or wrong counters: {wrong}"
+    _assert_restored_after_every_kill(data_dir, seed)

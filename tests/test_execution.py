@@ -13,6 +13,7 @@ from jetwake import (
 )
 from jetwake.engine.execution.execution_service import Execution, ExecutionService
 from jetwake.engine.execution.tasklet import DONE_STATE, MADE_PROGRESS, NO_PROGRESS
+from support.waiting import wait_until
 
 TIMEOUT = 20
 
@@ -300,15 +301,6 @@ class FakeTasklet:
         self.closed += 1
 
 
-def wait_until(cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.005)
-    return cond()
-
-
 def test_try_steal_for_marks_a_tasklet_of_the_busiest_worker():
     svc = ExecutionService(2)  # not started: the test moves nothing but marks
     thief, busy = svc._workers
@@ -352,15 +344,15 @@ def test_worker_loads_rebalance_when_tasklets_finish_at_different_times():
     execution = Execution("steal", tasklets, lambda ex: ended.set())
     try:
         svc.submit(execution)  # round-robin: even indices on worker 0, odd on worker 1
-        assert wait_until(lambda: svc.worker_loads() == [6, 6])
+        wait_until(lambda: svc.worker_loads() == [6, 6])
         quick = tasklets[0::2]
         # worker 0's tasklets finish one at a time; after each, worker 0 may steal one
         for t in quick:
             t.release.set()
-            assert wait_until(lambda: t.closed == 1)
-            assert wait_until(lambda: all(x.steal_to is None for x in tasklets))
+            wait_until(lambda: t.closed == 1)
+            wait_until(lambda: all(x.steal_to is None for x in tasklets))
             time.sleep(0.02)
-        assert wait_until(lambda: sorted(svc.worker_loads()) == [3, 3]), svc.worker_loads()
+        wait_until(lambda: sorted(svc.worker_loads()) == [3, 3], what="loads of 3 and 3")
         slow = tasklets[1::2]
         moved = [t for t in slow if len(t.threads) == 2]
         assert len(moved) == 3  # three tasklets ran on both workers
@@ -382,11 +374,11 @@ def test_idle_worker_steals_when_its_last_tasklet_finishes():
     execution = Execution("steal", tasklets, lambda ex: ended.set())
     try:
         svc.submit(execution)
-        assert wait_until(lambda: svc.worker_loads() == [3, 3])
+        wait_until(lambda: svc.worker_loads() == [3, 3])
         for t in tasklets[0::2]:  # worker 0 runs out of work all at once
             t.release.set()
         # worker 0 finished its three at once and took one of worker 1's three
-        assert wait_until(lambda: svc.worker_loads() == [1, 2]), svc.worker_loads()
+        wait_until(lambda: svc.worker_loads() == [1, 2], what="loads of 1 and 2")
     finally:
         for t in tasklets:
             t.release.set()

@@ -13,11 +13,13 @@ import sys
 import time
 
 import pytest
-from waiting import wait_until
+
+from support.restores import restored_snapshots, wait_for_a_new_snapshot
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "member_process.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "support", "member_process.py")
 EVENTS = 6000
 
 
@@ -64,10 +66,16 @@ def test_sigkill_at_random_moments_keeps_state_exact(tmp_path):
     for _ in range(4):
         proc = start(data_dir)
         try:
-            time.sleep(rnd.uniform(0.8, 2.0))
+            # a random moment after the job has a snapshot: a kill before the first one would
+            # leave nothing to restore
+            wait_for_a_new_snapshot(data_dir)
+            time.sleep(rnd.uniform(0.0, 1.0))  # the moment of the kill, not a wait
         finally:
             kill(proc)
+    # each restart but the first restored the job from a snapshot of the run before it
+    assert len(restored_snapshots(data_dir)) >= 3, restored_snapshots(data_dir)
     assert_exact(final_result(data_dir))
+    assert len(restored_snapshots(data_dir)) >= 4, restored_snapshots(data_dir)
 
 
 @pytest.mark.parametrize("crash_at", ["snapshot-phase1:3", "after-commit-record:2",
@@ -81,17 +89,20 @@ def test_crash_at_a_point_of_the_snapshot_protocol_keeps_state_exact(tmp_path, c
         kill(proc)
     assert proc.returncode == -signal.SIGKILL, "the process did not reach the crash point"
     assert_exact(final_result(data_dir))
+    # the crash point is past the first snapshot: the restarted job went on from a snapshot
+    assert restored_snapshots(data_dir), "the restarted job was not restored from a snapshot"
 
 
 def test_job_resumes_by_itself_when_the_member_restarts(tmp_path):
     data_dir = str(tmp_path / "member")
     proc = start(data_dir)
     try:
-        time.sleep(1.5)
+        wait_for_a_new_snapshot(data_dir)
     finally:
         kill(proc)
     result = final_result(data_dir)  # the check run submits nothing: the job record resumes
     assert_exact(result)
+    assert restored_snapshots(data_dir), "the resumed job was not restored from its snapshot"
 
 
 def execution_dirs(data_dir: str) -> set[str]:
@@ -105,7 +116,7 @@ def test_rocksdb_state_left_by_a_killed_member_is_removed_at_the_next_start(tmp_
     proc = start(data_dir, rocksdb=True)
     try:
         wait_until(lambda: glob.glob(committed) and execution_dirs(data_dir),
-                   "a snapshot and the job's RocksDB state", timeout=60)
+                   what="a snapshot and the job's RocksDB state", timeout=60)
     finally:
         kill(proc)
     leftovers = execution_dirs(data_dir)
@@ -113,11 +124,12 @@ def test_rocksdb_state_left_by_a_killed_member_is_removed_at_the_next_start(tmp_
 
     proc = start(data_dir, rocksdb=True)
     try:
-        wait_until(lambda: execution_dirs(data_dir) - leftovers, "the resumed execution's state",
-                   timeout=60)
+        wait_until(lambda: execution_dirs(data_dir) - leftovers,
+                   what="the resumed execution's state", timeout=60)
         assert not execution_dirs(data_dir) & leftovers, "the crashed execution's state is gone"
     finally:
         kill(proc)
 
     assert_exact(final_result(data_dir, rocksdb=True))  # restored from snapshots, not leftovers
+    assert restored_snapshots(data_dir), "the job was not restored from a snapshot"
     assert execution_dirs(data_dir) == set(), "a clean shutdown leaves no working state"

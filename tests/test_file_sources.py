@@ -14,7 +14,7 @@ import pytest
 from jetwake import Member, Pipeline, Sinks, Sources
 from jetwake.connectors.record_files import matching_files
 
-from spark_fixtures import spark_runner  # noqa: F401
+from support.spark_fixtures import spark_runner  # noqa: F401
 
 KINDS = ["files", "parquet", "json_lines"]
 SOURCES = {"files": Sources.files, "parquet": Sources.parquet,

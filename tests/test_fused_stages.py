@@ -9,7 +9,7 @@ import traceback
 
 import pytest
 from prometheus_client import CollectorRegistry
-from waiting import wait_until
+from support.waiting import wait_until
 
 from jetwake import (
     AggregateOperations as Ops, Member, Pipeline, PipelineError, Sinks, Sources, TestSources,
@@ -148,7 +148,8 @@ def test_prometheus_exports_items_in_and_out_of_each_fused_stage():
             got_out = registry.get_sample_value("jetwake_stage_items_out_total", labels)
             return (got_in, got_out) if got_in and got_in >= 100 else None
 
-        items_in, items_out = wait_until(counted, "the fused stage's counters", TIMEOUT)
+        items_in, items_out = wait_until(counted,
+                                         what="the fused stage's counters", timeout=TIMEOUT)
         # about half pass the filter (the two samples are read a moment apart)
         assert 0 < items_out <= items_in
         # a fused stage is not a vertex: the vertex families do not list it

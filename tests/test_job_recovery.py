@@ -26,8 +26,8 @@ from jetwake import (
 from jetwake.engine.core.errors import (
     FallbackRefusedError, JobStateError, SnapshotError, SnapshotWriteError, is_restartable_cause,
 )
-from snapshot_fixtures import running_sum_pipeline
-from waiting import wait_until
+from support.snapshot_fixtures import running_sum_pipeline
+from support.waiting import wait_until
 
 
 class Service:
@@ -173,7 +173,7 @@ def test_a_job_that_cannot_restart_at_member_start_does_not_stop_the_others(tmp_
     with Member(tmp_path) as m:
         remote = m.new_job(remote_pipeline(service.port), eo("remote"))
         steady = m.new_job(running_sum_pipeline(None), eo("steady"))
-        wait_until(lambda: remote.last_snapshot and steady.last_snapshot, "snapshots")
+        wait_until(lambda: remote.last_snapshot and steady.last_snapshot, what="snapshots")
     service.down()  # the service is away when the member starts again
 
     with Member(tmp_path) as m:  # does not raise
@@ -184,14 +184,14 @@ def test_a_job_that_cannot_restart_at_member_start_does_not_stop_the_others(tmp_
         assert "ConnectionRefusedError" in remote.failure
         assert "retrying" in remote.failure
         wait_until(lambda: any("remote: start attempt 2 failed (ConnectionRefusedError" in e
-                               for e in events), "a second attempt")
+                               for e in events), what="a second attempt")
         assert remote.status == JobStatus.NOT_RUNNING
         assert m.job("steady").status == JobStatus.RUNNING
 
         service.up()
-        wait_until(lambda: remote.status == JobStatus.RUNNING, "the job to start by itself")
+        wait_until(lambda: remote.status == JobStatus.RUNNING, what="the job to start by itself")
         assert remote.failure is None, "a job that runs again shows no stale failure"
-        wait_until(lambda: m.job("remote").last_snapshot, "a snapshot of the resumed job")
+        wait_until(lambda: m.job("remote").last_snapshot, what="a snapshot of the resumed job")
 
 
 def test_a_permanent_cause_at_member_start_fails_only_that_job(tmp_path):
@@ -200,7 +200,7 @@ def test_a_permanent_cause_at_member_start_fails_only_that_job(tmp_path):
     with Member(data_dir) as m:
         picky = m.new_job(picky_pipeline(marker), eo("picky"))
         steady = m.new_job(running_sum_pipeline(None), eo("steady"))
-        wait_until(lambda: picky.last_snapshot and steady.last_snapshot, "snapshots")
+        wait_until(lambda: picky.last_snapshot and steady.last_snapshot, what="snapshots")
     open(marker, "w").close()
 
     with Member(data_dir) as m:
@@ -219,11 +219,11 @@ def test_retries_stop_at_member_shutdown_and_the_job_resumes_on_the_next_start(t
                                                                                 service):
     with Member(tmp_path) as m:
         job = m.new_job(remote_pipeline(service.port), eo("remote"))
-        wait_until(lambda: job.last_snapshot, "a snapshot")
+        wait_until(lambda: job.last_snapshot, what="a snapshot")
     service.down()
     m = Member(tmp_path)
     events = events_of(m)
-    wait_until(lambda: any("start attempt 2 failed" in e for e in events), "retries")
+    wait_until(lambda: any("start attempt 2 failed" in e for e in events), what="retries")
     t0 = time.monotonic()
     m.shutdown()
     assert time.monotonic() - t0 < 5, "shutdown does not wait for the back-off"
@@ -244,14 +244,14 @@ def test_an_in_run_restart_that_cannot_start_is_retried_until_the_service_return
     with Member() as m:
         events = events_of(m)
         job = m.new_job(remote_pipeline(service.port), eo("remote"))
-        wait_until(lambda: job.last_snapshot, "a snapshot")
+        wait_until(lambda: job.last_snapshot, what="a snapshot")
         service.down()  # the running source loses its connection: the job restarts
         wait_until(lambda: any("remote: start attempt 2 failed (ConnectionRefusedError" in e
-                               for e in events), "retried restarts")
+                               for e in events), what="retried restarts")
         assert job.status == JobStatus.NOT_RUNNING
         assert "ConnectionRefusedError" in job.failure
         service.up()
-        wait_until(lambda: job.status == JobStatus.RUNNING, "the restart to succeed")
+        wait_until(lambda: job.status == JobStatus.RUNNING, what="the restart to succeed")
         assert job.failure is None
         assert m.find_coordinator("remote").restart_count == 1
 
@@ -260,9 +260,9 @@ def test_cancel_while_a_restart_is_retrying_ends_the_job_and_the_retries(service
     with Member() as m:
         events = events_of(m)
         job = m.new_job(remote_pipeline(service.port), eo("remote"))
-        wait_until(lambda: job.last_snapshot, "a snapshot")
+        wait_until(lambda: job.last_snapshot, what="a snapshot")
         service.down()
-        wait_until(lambda: any("start attempt 1 failed" in e for e in events), "a retry")
+        wait_until(lambda: any("start attempt 1 failed" in e for e in events), what="a retry")
         job.cancel()
         assert job.status == JobStatus.FAILED
         with pytest.raises(JobCancelledError):
@@ -279,7 +279,7 @@ def test_cancel_while_a_restart_is_retrying_ends_the_job_and_the_retries(service
 def test_a_resume_that_cannot_start_for_a_restartable_cause_leaves_the_job_suspended(service):
     with Member() as m:
         job = m.new_job(remote_pipeline(service.port), eo("remote"))
-        wait_until(lambda: job.last_snapshot, "a snapshot")
+        wait_until(lambda: job.last_snapshot, what="a snapshot")
         job.suspend()
         service.down()
         with pytest.raises(ConnectionRefusedError):

@@ -21,7 +21,9 @@ from jetwake.connectors.kafka.properties import KafkaConfigError
 from jetwake.connectors.kafka.sink import check_transaction_timeout
 from jetwake.connectors.kafka.source import owner_of_partition
 
-from test_kafka_faults import KEYS, Proc, Reader, check_exactly_once, produce
+from support.kafka_job import Proc, Reader, check_exactly_once, produce
+from support.restores import restored_snapshots, wait_for_a_new_snapshot
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -40,15 +42,6 @@ def read_all(bootstrap: str, topic: str, n: int, timeout: float = 30.0,
     finally:
         c.close()
     return out
-
-
-def wait_until(pred, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # --- without a broker ------------------------------------------------------------------------
@@ -169,12 +162,13 @@ def test_restore_with_another_parallelism(kafka_bootstrap, kafka_topic, tmp_path
     try:
         proc.start("--parallelism", "3", wait_ready=True)
         reader.wait_for(total // 2, 60)
-        time.sleep(0.5)
+        wait_for_a_new_snapshot(data)
         proc.kill()
         produce(kafka_bootstrap, tin, total // 2, total // 2)
         proc.start("--parallelism", "1")   # 3 processors per vertex -> 1
         reader.wait_for(total, 60)
         reader.poll(1.5)
+        wait_for_a_new_snapshot(data)
         proc.kill()
         print(proc.stderr_tail)
         produce(kafka_bootstrap, tin, total, total // 2)
@@ -186,6 +180,8 @@ def test_restore_with_another_parallelism(kafka_bootstrap, kafka_topic, tmp_path
         reader.close()
     print(proc.stderr_tail)
     check_exactly_once(reader.records, total + total // 2)
+    # both restarts went on from a snapshot, each with another number of processors
+    assert len(restored_snapshots(data)) >= 2, restored_snapshots(data)
 
 
 def test_partition_added_while_running(kafka_bootstrap, kafka_topic):
@@ -251,7 +247,7 @@ def test_poison_records_go_to_the_dead_letter_topic(kafka_bootstrap, kafka_topic
         good = read_all(kafka_bootstrap, tout, 27)
         bad = read_all(kafka_bootstrap, dlq, 3)
         wait_until(lambda: sum(v.get("dead_letters", 0) for v in job.metrics().values()) == 3,
-                   10, "the dead-letter count")
+                   timeout=10, what="the dead-letter count")
         job.cancel()
     assert sorted(json.loads(m.value()) for m in good) == [i for i in range(30) if i % 10 != 3]
     assert [m.value() for m in bad] == [b"{bad"] * 3
@@ -293,7 +289,7 @@ def _restart_broker(kl, port: int, down_seconds: float) -> None:
 def test_broker_restart_while_a_job_runs(tmp_path):
     """A private broker is stopped and started again under a running exactly-once job: the
     source and the sink retry, and the output is still exactly once."""
-    from kafka_broker import _kafka_local
+    from support.kafka_broker import _kafka_local
     from confluent_kafka.admin import NewTopic
 
     kl = _kafka_local()
@@ -361,8 +357,8 @@ def test_native_timestamps_follow_per_partition_watermarks(kafka_bootstrap, kafk
     with Member(local_parallelism=1) as m:  # one processor reads both partitions
         job = m.new_job(p)
         results = m.get_list("windows")
-        wait_until(lambda: sum(r.result for r in results) >= len(closed), 60,
-                   "the windows before the partition behind")
+        wait_until(lambda: sum(r.result for r in results) >= len(closed), timeout=60,
+                   what="the windows before the partition behind")
         time.sleep(1.0)  # nothing later closes while that partition holds the watermark
         late = sum(v.get("late_events", 0) for v in job.metrics().values())
         got = Counter()

@@ -1,4 +1,5 @@
-"""Round trips through a real Kafka broker (see tests/kafka_broker.py for where it comes from)."""
+"""Round trips through a real Kafka broker (tests/support/kafka_broker.py says where it comes
+from)."""
 from __future__ import annotations
 
 import time

@@ -30,10 +30,10 @@ from jetwake import (
     AggregateOperations as ops, JobConfig, Member, Pipeline, Sinks, Sources, WindowDefinition,
 )
 
-from cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
-from spark_fixtures import spark_runner  # noqa: F401 - a fixture
-from waiting import wait_until
-from window_reference import session_reference, sliding_reference, step_of
+from support.cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
+from support.spark_fixtures import spark_runner  # noqa: F401 - a fixture
+from support.waiting import wait_until
+from support.window_reference import session_reference, sliding_reference, step_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -47,7 +47,7 @@ WINDOWS = ("tumbling", "sliding", "session")
 
 
 class Event(NamedTuple):
-    """One record: ``(ts, key, value, ...)`` as window_reference.py reads events."""
+    """One record: ``(ts, key, value, ...)`` as support/window_reference.py reads events."""
     ts: int
     key: str
     v: int
@@ -176,7 +176,7 @@ def check_windows(read: Callable[[], dict[str, list]], want: dict[str, list],
         got = read()
         return all(len(got[n]) >= len(want[n]) for n in want)
     try:
-        wait_until(enough, "the closed windows", timeout, interval=0.2)
+        wait_until(enough, what="the closed windows", timeout=timeout, interval=0.2)
     except AssertionError:
         pass  # the comparison says what is missing
     got = read()
@@ -306,7 +306,7 @@ def test_watermarks_move_with_their_partitions_on_a_restore_with_another_paralle
                         JobConfig(local_parallelism=before, **config))
         check_windows(member_lists(m), want1)
         wait_until(lambda: records_in(job.metrics()) == sum(map(len, first)),
-                   "the first part read")
+                   what="the first part read")
         late1 = late_events(job.metrics())
         job.cancel_and_export_snapshot("mid-backlog")
         produce(kafka_bootstrap, topic, interleave(rest))
@@ -350,10 +350,10 @@ def test_a_discovered_partition_holds_the_watermark_until_it_delivers(
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
         admin.create_partitions([NewPartitions(topic, 3)])[topic].result(30)
         wait_until(lambda: any("new partitions" in r.getMessage() and topic in r.getMessage()
-                               for r in caplog.records), "the new partition discovered")
+                               for r in caplog.records), what="the new partition discovered")
         produce(kafka_bootstrap, topic, ahead)
         wait_until(lambda: records_in(job.metrics()) == len(old) + len(ahead),
-                   "partitions 0 and 1 read ahead")
+                   what="partitions 0 and 1 read ahead")
         # nothing closed beyond wm1 while partition 2 has not delivered
         beyond = {n: [w for w in ws if w[1] > wm1] for n, ws in member_lists(m)().items()}
         produce(kafka_bootstrap, topic, new)
@@ -408,7 +408,7 @@ def test_an_empty_partition_stops_holding_the_watermark_after_the_idle_timeout(
         check_windows(member_lists(m), closed_windows(old, wm1), timeout=20)
         produce(kafka_bootstrap, topic, late_arrivals)
         wait_until(lambda: records_in(job.metrics()) == len(everything),
-                   "the records of partition 2")
+                   what="the records of partition 2")
         produce(kafka_bootstrap, topic, closing)
         check_windows(member_lists(m), closed_windows(everything, far - SLIDE_SIZE))
         metrics = job.metrics()
@@ -453,7 +453,7 @@ def test_backfill_hand_off_resumes_every_partitions_watermark(spark_runner, kafk
         produce(kafka_bootstrap, topic, interleave(rest))
         job = m.new_job(pipeline(), JobConfig(initial_snapshot_name="backfilled"))
         check_windows(member_lists(m), closed_windows(events, final_watermark(parts)))
-        wait_until(lambda: len(m.get_list("counts")) >= len(events), "every rolling count")
+        wait_until(lambda: len(m.get_list("counts")) >= len(events), what="every rolling count")
         metrics = job.metrics()
         counts = list(m.get_list("counts"))
         job.cancel()

@@ -15,8 +15,8 @@ import os
 import time
 
 from jetwake import BroadcastKey, JobConfig, JobStatus, Member
-from member_process import KEYS, build_pipeline
-from waiting import wait_until
+from support.member_process import KEYS, build_pipeline
+from support.waiting import wait_until
 
 
 def test_maps_are_synced_after_phase_1_and_before_each_commit_record(tmp_path, monkeypatch):
@@ -45,7 +45,7 @@ def test_maps_are_synced_after_phase_1_and_before_each_commit_record(tmp_path, m
             source.put(i, i)
             if i % 100 == 0:
                 time.sleep(0.01)
-        wait_until(lambda: sum(c for _, c in out.values()) == 3000, "the sums")
+        wait_until(lambda: sum(c for _, c in out.values()) == 3000, what="the sums")
         job.suspend()
         assert job.status == JobStatus.SUSPENDED
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 
 import pytest
 
@@ -22,6 +21,8 @@ from jetwake.snapshot.store.snapshot_files import (
     SnapshotFiles, SnapshotFilesDamagedError, load_files, save_files,
 )
 from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
+
+from support.waiting import wait_until
 
 # --- SnapshotFiles, save_files, load_files ------------------------------------------------------
 
@@ -437,10 +438,8 @@ def _config(**kwargs) -> JobConfig:
 
 
 def _wait_counted(job, n: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while job.metrics().get("counter", {}).get("items_in", 0) < n:
-        assert time.monotonic() < deadline, f"the counter did not receive {n} items"
-        time.sleep(0.01)
+    wait_until(lambda: job.metrics().get("counter", {}).get("items_in", 0) >= n,
+               timeout=timeout, what=f"the counter to receive {n} items")
 
 
 def _expected() -> dict:

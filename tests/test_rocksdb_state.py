@@ -49,7 +49,7 @@ def test_state_far_larger_than_the_cache_gives_exact_results(tmp_path, build):
 
 
 def test_rocksdb_state_lives_in_files_under_the_data_directory_while_the_job_runs(tmp_path):
-    from snapshot_fixtures import counting_source
+    from support.snapshot_fixtures import counting_source
 
     p = Pipeline()
     (p.read_from(counting_source(None))
@@ -71,7 +71,7 @@ def test_rocksdb_state_lives_in_files_under_the_data_directory_while_the_job_run
 
 
 def test_rocksdb_state_is_snapshotted_and_restored_across_suspend_and_resume(tmp_path):
-    from snapshot_fixtures import counting_source
+    from support.snapshot_fixtures import counting_source
 
     limit = 30_000
     p = Pipeline()

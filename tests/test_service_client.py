@@ -24,6 +24,7 @@ from jetwake import (
 from jetwake.engine.server.metrics import MetricsServer
 from jetwake.engine.net.framing import read_frame, write_frame
 from jetwake.engine.server.member_service import MemberService
+from support.waiting import wait_until
 
 TOKEN = "s3cret-token"
 
@@ -76,14 +77,6 @@ def service(tmp_path):
 def client(service):
     with Client(service.address_text, token=TOKEN) as c:
         yield c
-
-
-def wait_until(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # --- authentication and the protocol -------------------------------------------------------
@@ -345,6 +338,6 @@ def test_kafka_consumer_lag_metric(kafka_bootstrap, kafka_topic):
                 "jetwake_vertex_kafka_consumer_lag",
                 {"job": "kafka-lag", "job_id": job.id, "vertex": vertex}) or 0
 
-        wait_until(lambda: lag() > 0, 30, "a positive consumer lag")
+        wait_until(lambda: lag() > 0, timeout=30, what="a positive consumer lag")
         assert lag() <= total
         job.cancel()

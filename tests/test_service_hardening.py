@@ -24,17 +24,10 @@ import pytest
 from jetwake import Client, Member, MemberUnreachableError
 from jetwake.engine.net.framing import read_frame, write_frame
 from jetwake.engine.server.member_service import MemberService
+from support.waiting import wait_until
 
 TOKEN = "hardening-token"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_until(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -157,7 +150,7 @@ def test_the_docker_image_command_needs_a_token(tmp_path):
                                 env=cli_env(JETWAKE_TOKEN=TOKEN))
         try:
             wait_until(lambda: "member ready on 0.0.0.0:" in log_path.read_text()
-                       or proc.poll() is not None, 30, "the member to start")
+                       or proc.poll() is not None, timeout=30, what="the member to start")
             assert "token required" in log_path.read_text(), log_path.read_text()
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0
@@ -201,7 +194,8 @@ def test_a_client_dribbling_its_hello_is_closed_at_the_deadline(member):
         assert sent < len(frame)  # no hello was ever complete
         assert len(closed_at) == len(socks), f"still open after 5 s: {closed_at}"
         assert all(0.4 <= t <= 1.5 for t in closed_at.values()), closed_at
-        wait_until(lambda: svc.unauthenticated_connections == 0, 5, "the slots to be freed")
+        wait_until(lambda: svc.unauthenticated_connections == 0,
+                   timeout=5, what="the slots to be freed")
         for s in socks:
             s.close()
     finally:
@@ -225,7 +219,8 @@ def test_connections_beyond_the_unauthenticated_cap_are_closed_at_once(member, c
     try:
         with Client(svc.address_text, token=TOKEN) as served:  # authenticated before
             silent = [socket.create_connection(svc.address, 5) for _ in range(3)]
-            wait_until(lambda: svc.unauthenticated_connections == 3, 5, "3 waiting clients")
+            wait_until(lambda: svc.unauthenticated_connections == 3,
+                       timeout=5, what="3 waiting clients")
             extra = [socket.create_connection(svc.address, 5) for _ in range(4)]
             t0 = time.monotonic()
             for s in extra:  # one error reply saying why, then the connection is closed
@@ -247,7 +242,8 @@ def test_connections_beyond_the_unauthenticated_cap_are_closed_at_once(member, c
         # the silent clients leave: a new client gets a slot again
         for s in silent:
             s.close()
-        wait_until(lambda: svc.unauthenticated_connections == 0, 5, "the slots to be freed")
+        wait_until(lambda: svc.unauthenticated_connections == 0,
+                   timeout=5, what="the slots to be freed")
         with Client(svc.address_text, token=TOKEN) as c:
             assert c.ping()["refused_connections"] == 5
     finally:

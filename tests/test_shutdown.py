@@ -13,8 +13,8 @@ import time
 import pytest
 
 from jetwake import JobConfig, JobStatus, Member, Pipeline, ProcessorMetaSupplier, Sinks, Source
-from snapshot_fixtures import CountingSource, RunningSum, running_sum_pipeline
-from waiting import wait_until
+from support.snapshot_fixtures import CountingSource, RunningSum, running_sum_pipeline
+from support.waiting import wait_until
 
 # the old shutdown waited this long for a suspend before it marked the job to resume
 OLD_SUSPEND_WAIT_S = 30
@@ -81,7 +81,7 @@ def recorded_status(data_dir, job_id: str) -> str:
 def test_a_running_job_resumes_from_its_terminal_snapshot(tmp_path):
     with Member(tmp_path) as m:
         job = m.new_job(running_sum_pipeline(None), eo())
-        wait_until(lambda: job.last_snapshot, "a snapshot")
+        wait_until(lambda: job.last_snapshot, what="a snapshot")
     assert job.status == JobStatus.SUSPENDED
     assert recorded_status(tmp_path, job.id) == "RUNNING"
     with Member(tmp_path) as m:
@@ -92,7 +92,7 @@ def test_a_running_job_resumes_from_its_terminal_snapshot(tmp_path):
         assert m.find_coordinator(job.id).execution_count == 1
         # restored from the terminal snapshot: the next one continues from there
         wait_until(lambda: resumed.last_snapshot.snapshot_id > terminal.snapshot_id,
-                   "a snapshot after the terminal one")
+                   what="a snapshot after the terminal one")
 
 
 def test_a_job_slow_to_stop_at_shutdown_is_not_left_suspended_for_good(tmp_path):
@@ -100,11 +100,11 @@ def test_a_job_slow_to_stop_at_shutdown_is_not_left_suspended_for_good(tmp_path)
     data_dir = tmp_path / "data"
     m = Member(data_dir)
     job = m.new_job(pipeline_from("slow-source", lambda: SlowClosingSource(marker)), eo())
-    wait_until(lambda: job.last_snapshot, "a snapshot")
+    wait_until(lambda: job.last_snapshot, what="a snapshot")
     open(marker, "w").close()
     m.shutdown()
     # once the job has really stopped, its record must still say it resumes
-    wait_until(lambda: job.status == JobStatus.SUSPENDED, "the job to stop",
+    wait_until(lambda: job.status == JobStatus.SUSPENDED, what="the job to stop",
                timeout=OLD_SUSPEND_WAIT_S + 30)
     assert recorded_status(data_dir, job.id) == "RUNNING"
     os.unlink(marker)
@@ -116,14 +116,14 @@ def test_a_job_starting_at_shutdown_resumes_on_the_next_start(tmp_path):
     BlockingInitSource.gate.set()
     m = Member(tmp_path)
     job = m.new_job(pipeline_from("blocking-source", BlockingInitSource), eo())
-    wait_until(lambda: job.last_snapshot, "a snapshot")
+    wait_until(lambda: job.last_snapshot, what="a snapshot")
     BlockingInitSource.gate.clear()
     restarting = threading.Thread(target=job.restart, daemon=True)
     restarting.start()
-    wait_until(lambda: job.status == JobStatus.STARTING, "the restart to block in init()")
+    wait_until(lambda: job.status == JobStatus.STARTING, what="the restart to block in init()")
 
     def open_gate_once_shutting_down() -> None:
-        wait_until(lambda: m._shut_down, "shutdown to begin")
+        wait_until(lambda: m._shut_down, what="shutdown to begin")
         BlockingInitSource.gate.set()
     opener = threading.Thread(target=open_gate_once_shutting_down, daemon=True)
     opener.start()
@@ -140,7 +140,7 @@ def test_a_job_that_fails_while_the_member_shuts_down_stays_failed(tmp_path):
     data_dir = tmp_path / "data"
     m = Member(data_dir)
     job = m.new_job(pipeline_from("fragile", lambda: FailingSaveSource(marker)), eo())
-    wait_until(lambda: job.last_snapshot, "a snapshot")
+    wait_until(lambda: job.last_snapshot, what="a snapshot")
     open(marker, "w").close()
     m.shutdown()
     assert job.status == JobStatus.FAILED
@@ -153,7 +153,7 @@ def test_a_job_that_fails_while_the_member_shuts_down_stays_failed(tmp_path):
 def test_a_suspended_job_stays_suspended_across_a_shutdown(tmp_path):
     with Member(tmp_path) as m:
         job = m.new_job(running_sum_pipeline(None), eo())
-        wait_until(lambda: job.last_snapshot, "a snapshot")
+        wait_until(lambda: job.last_snapshot, what="a snapshot")
         job.suspend()
     assert recorded_status(tmp_path, job.id) == "SUSPENDED"
     with Member(tmp_path) as m:
@@ -168,7 +168,7 @@ def test_a_job_without_snapshots_is_cancelled_at_shutdown(tmp_path, guarantee):
     with Member(tmp_path) as m:
         job = m.new_job(running_sum_pipeline(None), JobConfig(name="plain",
                                                              processing_guarantee=guarantee))
-        wait_until(lambda: job.status == JobStatus.RUNNING, "the job to run")
+        wait_until(lambda: job.status == JobStatus.RUNNING, what="the job to run")
     assert job.status == JobStatus.FAILED
     with Member(tmp_path) as m:
         assert m.job(job.id).status == JobStatus.FAILED

@@ -12,8 +12,8 @@ from jetwake import (
     Sinks,
 )
 from jetwake.engine.jobs import job_coordinator
-from snapshot_fixtures import counting_source
-from waiting import wait_until
+from support.snapshot_fixtures import counting_source
+from support.waiting import wait_until
 
 
 class CommitsWhenAllowed(Processor):

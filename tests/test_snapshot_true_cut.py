@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 
 from jetwake import DAG, BroadcastKey, Edge, JobConfig, Member, Processor
-from snapshot_fixtures import CountingSource
-from waiting import wait_until
+from support.snapshot_fixtures import CountingSource
+from support.waiting import wait_until
 
 
 class InPlaceList(Processor):

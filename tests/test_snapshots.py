@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import pytest
 
@@ -13,7 +12,8 @@ from jetwake import (
     JobConfig, JobStateError, JobStatus, Member, Pipeline, SnapshotNotFoundError, Sinks,
 )
 from jetwake.engine.core.errors import SnapshotError
-from snapshot_fixtures import counting_source, expected_sums, running_sum_pipeline
+from support.snapshot_fixtures import counting_source, expected_sums, running_sum_pipeline
+from support.waiting import wait_until
 
 LIMIT = 20_000
 
@@ -23,16 +23,8 @@ def eo(name: str = "sums", **kw) -> JobConfig:
                      **kw)
 
 
-def wait_for(predicate, timeout: float = 20.0) -> None:
-    end = time.time() + timeout
-    while not predicate():
-        if time.time() > end:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
-
-
 def wait_for_snapshot(job, after: int = -1) -> None:
-    wait_for(lambda: job.last_snapshot is not None and job.last_snapshot.snapshot_id > after)
+    wait_until(lambda: job.last_snapshot is not None and job.last_snapshot.snapshot_id > after)
 
 
 def test_job_takes_snapshots_every_interval():
@@ -203,7 +195,7 @@ def test_suspend_on_failure_keeps_the_job_resumable():
     with Member() as m:
         job = m.new_job(running_sum_pipeline(LIMIT, extra_map=flaky), eo(
             suspend_on_failure=True))
-        wait_for(lambda: job.status == JobStatus.SUSPENDED)
+        wait_until(lambda: job.status == JobStatus.SUSPENDED)
         assert "transient" in job.failure
         job.resume()
         job.join(60)
@@ -216,7 +208,7 @@ def test_a_completed_source_is_not_replayed_after_a_restore():
     p.read_from(counting_source(None, name="endless")).write_to(Sinks.list("endless"))
     with Member() as m:
         job = m.new_job(p, eo())
-        wait_for(lambda: len(m.get_list("short")) == 500)
+        wait_until(lambda: len(m.get_list("short")) == 500)
         wait_for_snapshot(job, job.last_snapshot.snapshot_id if job.last_snapshot else -1)
         job.restart()
         wait_for_snapshot(job, job.last_snapshot.snapshot_id)

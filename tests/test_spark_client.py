@@ -10,8 +10,9 @@ from jetwake import (
     Sources,
 )
 
-from spark_fixtures import spark_runner  # noqa: F401
-from test_spark_handoff import KEYS, pipeline, produce, wait_for
+from support.spark_fixtures import spark_runner  # noqa: F401
+from support.spark_handoff import KEYS, pipeline, produce
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -41,7 +42,8 @@ def test_a_hand_off_through_a_client_writes_the_snapshot_an_embedded_member_gets
         m.get_list("counts").clear()
         job = m.new_job(pipeline(kafka_bootstrap, topic),
                         JobConfig(initial_snapshot_name="via-client"))
-        wait_for(lambda: len(m.get_list("counts")) >= n - cut, 60, "the streaming job")
+        wait_until(lambda: len(m.get_list("counts")) >= n - cut,
+                   timeout=60, what="the streaming job")
         job.cancel()
         last = {}
         for k, c in m.get_list("counts"):

@@ -4,7 +4,6 @@ cluster (a master and two workers started from the pyspark package's scripts, on
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from support.ports import free_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -30,12 +30,6 @@ pipeline = Pipeline()
     .map(lambda kv: f"{kv[0]} {kv[1]}")
     .write_to(Sinks.files(OUT)))
 '''
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -4,61 +4,19 @@ entries have the shapes the processors' own snapshots have."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import Producer
 
 from jetwake import (
-    AggregateOperations as ops, BroadcastKey, JobConfig, Member, Pipeline, SnapshotError,
-    Sinks, Sources, WindowDefinition,
+    BroadcastKey, JobConfig, Member, Pipeline, SnapshotError, Sinks, Sources,
 )
 
-from spark_fixtures import spark_runner  # noqa: F401
+from support.spark_fixtures import spark_runner  # noqa: F401
+from support.spark_handoff import BASE, KEYS, WINDOW, pipeline, produce
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.kafka]
-
-KEYS = 50
-BASE = 1_700_000_000_000
-WINDOW = 1_000
-
-
-def produce(bootstrap: str, topic: str, n: int) -> None:
-    """Record i: key ``k{i % KEYS}``, value i, time BASE + i, in partition i % 2."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
-    for i in range(n):
-        while True:
-            try:
-                p.produce(topic, str(i).encode(), f"k{i % KEYS}".encode(), partition=i % 2,
-                          timestamp=BASE + i)
-                break
-            except BufferError:
-                p.poll(0.05)
-    assert p.flush(60) == 0
-
-
-def pipeline(bootstrap: str, topic: str) -> Pipeline:
-    p = Pipeline()
-    s = p.read_from(Sources.kafka(topic, {"bootstrap.servers": bootstrap},
-                                  key_deserializer="str", value_deserializer="json"))
-    t = s.with_native_timestamps(0)
-    t.group_by(lambda kv: kv[0]).rolling_aggregate(ops.counting()).set_name("counts") \
-        .write_to(Sinks.list("counts"))
-    t.group_by(lambda kv: kv[0]).rolling_aggregate(ops.summing(lambda kv: kv[1])) \
-        .set_name("sums").write_to(Sinks.list("sums"))
-    t.window(WindowDefinition.tumbling(WINDOW)).group_by(lambda kv: kv[0]) \
-        .aggregate(ops.counting()).set_name("windows").write_to(Sinks.list("windows"))
-    return p
-
-
-def wait_for(pred, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def expected_windows(n: int) -> set:
@@ -83,8 +41,9 @@ def test_backfill_then_stream_equals_one_streaming_job(spark_runner, kafka_boots
     with Member() as m:
         # one streaming job over everything: the reference
         job = m.new_job(pipeline(kafka_bootstrap, topic))
-        wait_for(lambda: len(m.get_list("counts")) >= n
-                 and len(m.get_list("windows")) >= len(want_windows), 120, "the streaming job")
+        wait_until(lambda: len(m.get_list("counts")) >= n
+                 and len(m.get_list("windows")) >= len(want_windows),
+                   timeout=120, what="the streaming job")
         job.cancel()
         assert set(m.get_list("counts")) == all_counts
         assert {tuple(r) for r in m.get_list("windows")} == want_windows
@@ -102,8 +61,9 @@ def test_backfill_then_stream_equals_one_streaming_job(spark_runner, kafka_boots
         assert len(backfilled) == cut
         job = m.new_job(pipeline(kafka_bootstrap, topic),
                         JobConfig(initial_snapshot_name="after-backfill"))
-        wait_for(lambda: len(m.get_list("counts")) >= n
-                 and len(m.get_list("windows")) >= len(want_windows), 120, "the resumed job")
+        wait_until(lambda: len(m.get_list("counts")) >= n
+                 and len(m.get_list("windows")) >= len(want_windows),
+                   timeout=120, what="the resumed job")
         job.cancel()
         counts = list(m.get_list("counts"))
         # no record missing, none counted twice
@@ -143,7 +103,7 @@ def test_the_backfill_writes_the_entries_the_processors_snapshots_hold(
 
     with Member() as m:
         job = m.new_job(build(), JobConfig(processing_guarantee="at_least_once"))
-        wait_for(lambda: len(m.get_list("counts")) >= 2_000, 60, "the streaming job")
+        wait_until(lambda: len(m.get_list("counts")) >= 2_000, timeout=60, what="the streaming job")
         streamed = m.snapshot_store.read(job.export_snapshot("streamed"))
         job.cancel()
         spark_runner.run(build(), export_snapshot="backfilled", member=m)

@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, Producer
 from jetwake import Client, Member, Pipeline, Sinks, Sources, SparkRunner
 from jetwake.connectors.kafka.source import KafkaDeserializationError
 
-from spark_fixtures import spark_runner  # noqa: F401
+from support.spark_fixtures import spark_runner  # noqa: F401
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.kafka]
 

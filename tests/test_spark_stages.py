@@ -15,7 +15,9 @@ from jetwake import (
 )
 from jetwake.engine.processors.pass_through import PassThroughProcessor
 
-from spark_fixtures import canonical, run_on_member, run_on_spark, spark_runner  # noqa: F401
+from support.spark_fixtures import (  # noqa: F401 - spark_runner is a fixture
+    canonical, run_on_member, run_on_spark, spark_runner,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 

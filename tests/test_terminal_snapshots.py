@@ -7,12 +7,12 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import time
 
 import pytest
 
 from jetwake import JobConfig, JobStatus, Member, Pipeline, Sinks
-from snapshot_fixtures import counting_source
+from support.snapshot_fixtures import counting_source
+from support.waiting import wait_until
 
 LIMIT = 20_000
 
@@ -52,10 +52,8 @@ def _output(sink: str, directory: str, member: Member, caplog) -> collections.Co
 
 
 def _wait_for_output(sink, directory, member, caplog, at_least: int) -> None:
-    deadline = time.monotonic() + 20
-    while sum(_output(sink, directory, member, caplog).values()) < at_least:
-        assert time.monotonic() < deadline, "the job wrote nothing"
-        time.sleep(0.01)
+    wait_until(lambda: sum(_output(sink, directory, member, caplog).values()) >= at_least,
+               timeout=20, what=f"the job to write {at_least} items")
 
 
 def _assert_every_item_once(counts: collections.Counter) -> None:

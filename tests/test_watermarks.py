@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -12,8 +11,21 @@ from jetwake import (
 )
 from jetwake.engine.core.stream_items import IDLE_MESSAGE, Watermark
 from jetwake.engine.core.processor import Inbox, Outbox, ProcessorContext
+from jetwake.engine.operations import watermark_policy
+from jetwake.engine.processors import insert_watermarks
 from jetwake.engine.processors.insert_watermarks import InsertWatermarksProcessor
 from jetwake.engine.operations.watermark_policy import WatermarkPolicy, throttle
+from support.clock import ControlledClock
+from support.waiting import wait_until
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> ControlledClock:
+    """The clock of the watermark policies and the inserter's idle timeout, moved by hand."""
+    clock = ControlledClock()
+    monkeypatch.setattr(watermark_policy, "time", clock)
+    monkeypatch.setattr(insert_watermarks, "time", clock)
+    return clock
 
 
 def ctx(index: int = 0) -> ProcessorContext:
@@ -40,10 +52,12 @@ def test_limiting_lag_is_the_highest_timestamp_minus_the_lag():
     assert pol.current() == 20
 
 
-def test_limiting_real_time_lag_follows_the_wall_clock():
+def test_limiting_real_time_lag_follows_the_wall_clock(clock):
     pol = WatermarkPolicy.limiting_real_time_lag(1_000)()
-    now = time.time() * 1000
-    assert now - 1_100 < pol.current() < now - 900
+    pol.report_event(clock.ms + 50_000)  # events do not move it
+    assert pol.current() == clock.ms - 1_000
+    clock.advance(ms=250)
+    assert pol.current() == clock.ms - 1_000
 
 
 def test_throttle_rounds_down_to_the_step():
@@ -89,13 +103,14 @@ def test_upstream_watermarks_are_dropped():
     assert entries(p) == []
 
 
-def test_a_quiet_input_is_marked_idle_and_wakes_up_with_a_watermark():
+def test_a_quiet_input_is_marked_idle_and_wakes_up_with_a_watermark(clock):
     p = inserter(lag=0, step=1, idle=30)
     p.process(0, Inbox([10]))
     entries(p)
+    clock.advance(ms=29)
     assert p.try_process()
-    assert entries(p) == []
-    time.sleep(0.05)
+    assert entries(p) == []  # quiet for less than the idle timeout
+    clock.advance(ms=1)
     p.try_process()
     assert entries(p) == [IDLE_MESSAGE]
     p.try_process()
@@ -104,11 +119,15 @@ def test_a_quiet_input_is_marked_idle_and_wakes_up_with_a_watermark():
     assert entries(p) == [(5, 5), Watermark(10)]
 
 
-def test_real_time_policy_emits_watermarks_without_events():
+def test_real_time_policy_emits_watermarks_without_events(clock):
     p = inserter(policy=WatermarkPolicy.limiting_real_time_lag(0), step=1)
     p.try_process()
-    (wm,) = entries(p)
-    assert abs(wm.timestamp - time.time() * 1000) < 1_000
+    assert entries(p) == [Watermark(clock.ms)]
+    p.try_process()
+    assert entries(p) == []  # the clock did not move
+    clock.advance(ms=40)
+    p.try_process()
+    assert entries(p) == [Watermark(clock.ms)]
 
 
 def test_snapshot_of_the_inserter_restores_its_watermark():
@@ -152,18 +171,27 @@ def idle_job(idle_timeout):
     return p
 
 
+def windows_received(job) -> int:
+    """The events the window stage's first step has received."""
+    return job.metrics().get("window-aggregate-accumulate", {}).get("items_in", 0)
+
+
 @pytest.mark.parametrize("idle_timeout,expect_results", [(100, True), (0, False)])
 def test_one_quiet_source_partition_stalls_the_job_only_without_idle_timeout(
         idle_timeout, expect_results):
     with Member(local_parallelism=2) as m:
         job = m.new_job(idle_job(idle_timeout))
-        deadline = time.time() + (15 if expect_results else 1)
-        while time.time() < deadline and len(m.get_list("out")) < 9:
-            time.sleep(0.05)
+        if expect_results:
+            wait_until(lambda: len(m.get_list("out")) >= 9, timeout=15,
+                       what="the windows of the partition that has events")
+        else:
+            # the premise: every event reached the windows, which still close none
+            wait_until(lambda: windows_received(job) >= 100, timeout=15,
+                       what="the events at the window stage")
         out = sorted(m.get_list("out"))
         state = (job.status, job.failure, job.metrics())
         job.cancel()
     if expect_results:
         assert [(r.start, r.result) for r in out] == [(s, 10) for s in range(0, 900, 100)], state
     else:
-        assert out == []
+        assert out == [], state

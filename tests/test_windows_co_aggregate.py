@@ -9,7 +9,8 @@ from jetwake import (
     AggregateOperations as ops, KeyedWindowResult, Member, Pipeline, Sinks, Sources, TestSources,
     WindowDefinition, WindowResult,
 )
-from window_reference import make_events
+from support.waiting import wait_until
+from support.window_reference import make_events
 
 
 def two_streams(p, left, right, lag=30):
@@ -82,28 +83,26 @@ def test_window_join_pairs_items_of_the_same_key_and_window():
 
 
 def test_early_results_are_emitted_for_a_long_window_before_it_closes():
+    # event n at time n ms: the first 60,000 events (five minutes at 200 a second) are all in
+    # the window [0, 60000), whatever the wall clock says, so no result is a final one
     p = Pipeline()
     (p.read_from(TestSources.item_stream(200, lambda ts, seq: ("k", seq)))
-      .with_native_timestamps(0)
+      .with_timestamps(lambda e: e[1], allowed_lag=0)
       .window(WindowDefinition.tumbling(60_000).set_early_results_period(50))
       .group_by(lambda e: e[0])
       .aggregate(ops.counting())
       .write_to(Sinks.list("out")))
     with Member(local_parallelism=2) as m:
         job = m.new_job(p)
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            early = [r for r in m.get_list("out") if r.is_early]
-            if len(early) >= 3:
-                break
-            time.sleep(0.05)
+
+        def three_results() -> list | None:
+            results = list(m.get_list("out"))
+            return results if len(results) >= 3 else None
+        out = wait_until(three_results, timeout=10, what="three early results")
         job.cancel()
-    assert len(early) >= 3
-    by_window = defaultdict(list)
-    for r in early:
-        by_window[r.start].append(r.result)
-    for counts in by_window.values():  # a window's partial counts only grow
-        assert counts == sorted(counts) and counts[-1] > 0
+    assert all(r.is_early and (r.start, r.end, r.key) == (0, 60_000, "k") for r in out), out
+    counts = [r.result for r in out]
+    assert counts == sorted(counts) and counts[0] > 0  # a window's partial counts only grow
 
 
 def test_item_stream_is_rate_limited_and_carries_native_timestamps():

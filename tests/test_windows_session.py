@@ -8,7 +8,7 @@ from jetwake import (
     AggregateOperation, AggregateOperations as ops, KeyedWindowResult, Member, Pipeline,
     PipelineError, Sinks, Sources, WindowDefinition, WindowResult,
 )
-from window_reference import check_late, make_events, multiset_minus, session_reference
+from support.window_reference import check_late, make_events, multiset_minus, session_reference
 
 
 def sessions(events, gap, lag, keyed=True, op=None):

@@ -8,7 +8,7 @@ from jetwake import (
     AggregateOperation, AggregateOperations as ops, KeyedWindowResult, Member, Pipeline, Sinks,
     Sources, WindowDefinition, WindowResult,
 )
-from window_reference import (
+from support.window_reference import (
     check_late, make_events, multiset_minus, sliding_reference, step_of,
 )
 

@@ -234,7 +234,7 @@ def await_stream(run: _Run, job: Any, want: dict[str, int], records: int, late: 
     ``records`` records; then, for :data:`GRACE` seconds, that no sink grows and nothing more
     is read. A job that has read everything and stayed unchanged for :data:`QUIET` seconds
     with less than that is taken as done (the comparison then says what is missing)."""
-    from waiting import wait_until  # tests/waiting.py
+    from support.waiting import wait_until
     seen: dict[str, Any] = {"state": None, "since": time.monotonic()}
 
     def done() -> str | None:
@@ -253,8 +253,8 @@ def await_stream(run: _Run, job: Any, want: dict[str, int], records: int, late: 
             return "quiet"  # everything read, and nothing moves: less than expected came out
         return None
 
-    outcome = wait_until(done, f"the streaming job to read {records} records and emit "
-                         f"{want} with {late} late events", WAIT, interval=0.02)
+    outcome = wait_until(done, what=f"the streaming job to read {records} records and emit "
+                         f"{want} with {late} late events", timeout=WAIT, interval=0.02)
     if outcome != "complete":
         return
     # the grace: nothing more may come (any growth shows in the comparison)

@@ -27,7 +27,7 @@ Cluster (:func:`run_on_cluster`)
     the whole cluster's.
 
 SIGKILL (:func:`run_with_kills`)
-    One member process (tests/conformance_process.py) on a data directory runs the job with
+    One member process (tests/support/conformance_process.py) on a data directory runs the job with
     ``JobConfig(processing_guarantee="exactly_once", snapshot_interval_ms=...)``; it is killed
     with SIGKILL at seeded random moments, each a little after that start committed a new
     snapshot (or, for a kill before the last, three times in ten at any moment: while it
@@ -177,8 +177,8 @@ def functions_by_value() -> Iterator[None]:
 def run_on_cluster(cluster: Any, spec: Spec, inputs: Inputs, *, order: str = "round_robin",
                    batch: int | None = None, seed: int | None = None,
                    via: int | None = None) -> RunResult:
-    """The spec's job on ``cluster`` (a ``cluster_processes.ClusterProcesses`` whose members
-    are up), submitted through member ``via`` (drawn from the inputs by default) and read
+    """The spec's job on ``cluster`` (a ``support.cluster_processes.ClusterProcesses``, its
+    members up), submitted through member ``via`` (drawn from the inputs by default) and read
     through another."""
     from jetwake import JobConfig, Sinks, TestSources
     b, s = read_order(spec, inputs)
@@ -355,7 +355,7 @@ def paced_partitioned(partitions: list, *, batch: int, order: str, seed: int,
         partial(PacedPartitionedSource, data, batch, order, seed, pace)), partitioned=True)
 
 
-SCRIPT = Path(__file__).resolve().parent.parent / "conformance_process.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "support" / "conformance_process.py"
 
 
 @dataclass

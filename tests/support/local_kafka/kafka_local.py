@@ -25,9 +25,9 @@ minimum. The properties that wire up the listeners, node ids, quorum and data di
 kafka_local's own and cannot be set.
 
 The functions start_broker(), stop_broker(), broker_ready() and broker_status() are the
-importable API (used by tests/kafka_broker.py and the benchmarks in bench/). Only the standard
-library is used, except confluent_kafka for the Admin-API readiness check, which is imported
-lazily.
+importable API (used by tests/support/kafka_broker.py and the benchmarks in bench/). Only the
+standard library is used, except confluent_kafka for the Admin-API readiness check, which is
+imported lazily.
 """
 from __future__ import annotations
 

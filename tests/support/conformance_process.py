@@ -2,7 +2,7 @@
 of the conformance suite (tests/reference/process_runtimes.py; run as a script, the test
 SIGKILLs it).
 
-    python tests/conformance_process.py CASE_JSON DATA_DIR [final]
+    python tests/support/conformance_process.py CASE_JSON DATA_DIR [final]
 
 CASE_JSON holds ``{"spec", "inputs", "batch", "order", "seed", "pace",
 "snapshot_interval_ms", "local_parallelism"}``. The process opens a Member on DATA_DIR; if
@@ -32,7 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# run as a script: tests/ (where `reference` and `support` are) is not on sys.path by itself
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jetwake import JobConfig, JobStatus, Member  # noqa: E402
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from jetwake import Client
+from support.ports import free_port
 
 TOKEN = "dashboard-token"
 
@@ -39,12 +39,6 @@ pipeline = Pipeline()
     .aggregate(AggregateOperations.counting())
     .write_to(Sinks.list("counts")))
 '''
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A member process running one stateful pipeline whose state is changed in place, for the
 exactly-once kill tests (run as a script; the tests SIGKILL it).
 
-    python tests/state_shapes_process.py DATA_DIR SHAPE EVENTS BACKEND [check]
+    python tests/support/state_shapes_process.py DATA_DIR SHAPE EVENTS BACKEND [check]
 
 The "kafka_*" shapes read the topic ``$STATE_IN_TOPIC`` and write ``$STATE_OUT_TOPIC`` with the
 exactly-once Kafka sink, on the broker ``$KAFKA_BOOTSTRAP_SERVERS``; the test produces the input
@@ -27,6 +27,10 @@ from jetwake import (
     AggregateOperation, AggregateOperations, JobConfig, Member, Pipeline, Processor, Sinks,
     Sources, WindowDefinition,
 )
+
+# run as a script: tests/ (where `support` is) is not on sys.path by itself
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.restores import record_restores  # noqa: E402
 
 KEYS = 13
 WINDOW = 100
@@ -165,6 +169,7 @@ def normalized(shape: str, value: Any) -> Any:
 def main() -> None:
     data_dir, shape, events, backend = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     check = len(sys.argv) > 5 and sys.argv[5] == "check"
+    record_restores(data_dir)
     member = Member(data_dir)
     kafka = shape.startswith("kafka_")
     if member.get_job(shape) is None:

@@ -1,6 +1,6 @@
 """A member process for the Kafka fault tests (tests/test_kafka_faults.py).
 
-    python tests/kafka_job_process.py DATA_DIR BOOTSTRAP IN_TOPIC OUT_TOPIC [options]
+    python tests/support/kafka_job_process.py DATA_DIR BOOTSTRAP IN_TOPIC OUT_TOPIC [options]
 
 Opens ``Member(DATA_DIR)``. A job that was running there resumes from its last snapshot by
 itself; if the directory holds no job yet, the script submits
@@ -91,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     from jetwake import JobConfig, Member
+
+    # run as a script: tests/ (where `support` is) is not on sys.path by itself
+    sys.path.insert(0, os.path.dirname(HERE))
+    from support.restores import record_restores
+    record_restores(args.data_dir)
 
     member = Member(args.data_dir, local_parallelism=args.parallelism)
     jobs = member.jobs()

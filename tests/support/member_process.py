@@ -1,6 +1,6 @@
 """A member process for fault-injection tests (run as a script; the tests SIGKILL it).
 
-    python tests/member_process.py DATA_DIR EVENTS GUARANTEE [check] [rocksdb]
+    python tests/support/member_process.py DATA_DIR EVENTS GUARANTEE [check] [rocksdb]
 
 It opens a Member on DATA_DIR, feeds EVENTS events into the map "in" (continuing after what a
 previous, killed, process already wrote), and makes sure the job "sums" exists: map_journal("in")
@@ -18,7 +18,11 @@ import sys
 import time
 
 from jetwake import JobConfig, Member, Pipeline, Sinks, Sources
-from snapshot_fixtures import RunningSum  # this script's folder is on sys.path
+
+# run as a script: tests/ (where `support` is) is not on sys.path by itself
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.restores import record_restores  # noqa: E402
+from support.snapshot_fixtures import RunningSum  # noqa: E402
 
 KEYS = 13
 
@@ -52,6 +56,7 @@ def main() -> None:
     data_dir, events, guarantee = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     check = "check" in sys.argv[4:]
     rocksdb = "rocksdb" in sys.argv[4:]
+    record_restores(data_dir)
     member = Member(data_dir, local_parallelism=2)
     if member.get_job("sums") is None:
         member.new_job(build_pipeline(rocksdb), JobConfig(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,15 +20,10 @@ from pathlib import Path
 import pytest
 
 from jetwake import Client
-from waiting import wait_until
+from support.ports import free_port
+from support.waiting import wait_until
 
 TOKEN = "cluster-test-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ClusterMemberProcess:
@@ -100,11 +94,11 @@ class ClusterProcesses:
     def start(self, count: int, timeout: float = 60.0) -> list[ClusterMemberProcess]:
         """Starts ``count`` members and waits until the cluster lists all of them."""
         new = [self.start_member() for _ in range(count)]
-        wait_until(lambda: all(m.ready() for m in new), "every member serving clients",
-                   timeout)
+        wait_until(lambda: all(m.ready() for m in new), what="every member serving clients",
+                   timeout=timeout)
         expected = len([m for m in self.members if m.alive()])
         wait_until(lambda: len(self.cluster(new[0])["members"]) == expected,
-                   f"the cluster showing {expected} members", timeout, interval=0.2)
+                   what=f"the cluster showing {expected} members", timeout=timeout, interval=0.2)
         return new
 
     def start_member(self, *extra: str, token: str | None = None, cluster: str | None = None,
@@ -168,7 +162,7 @@ class ClusterProcesses:
 @pytest.fixture(scope="module")
 def three(tmp_path_factory, kafka_bootstrap: str):
     """One three-member cluster shared by a test module whose tests only submit jobs to it
-    (import it into the module: ``from cluster_processes import three``)."""
+    (import it into the module: ``from support.cluster_processes import three``)."""
     c = ClusterProcesses(tmp_path_factory.mktemp("three"), kafka_bootstrap)
     try:
         c.start(3)

@@ -1,7 +1,7 @@
 """Spark for the tests: one local SparkSession (two cores) shared by every Spark test of the
 session, and helpers that run one pipeline on Spark and on an embedded member.
 
-Import the fixture into a test module: ``from spark_fixtures import spark_runner``.
+Import the fixture into a test module: ``from support.spark_fixtures import spark_runner``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """pytest plugin: a real Kafka broker for integration tests.
 
-Loaded from tests/conftest.py (``pytest_plugins = ["kafka_broker"]``). Fixtures:
+Loaded from tests/conftest.py (``pytest_plugins = ["support.kafka_broker"]``). Fixtures:
 
 ``kafka_bootstrap`` (session)
     A bootstrap-servers string, from the first of these that works:
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-_KAFKA_LOCAL = Path(__file__).resolve().parent / "support" / "local_kafka" / "kafka_local.py"
+_KAFKA_LOCAL = Path(__file__).resolve().parent / "local_kafka" / "kafka_local.py"
 
 
 def _kafka_local():
@@ -133,7 +133,7 @@ while True:
 def _watch_for_orphaning(port: int) -> None:
     """Stops the session's broker if this pytest process dies without its teardown (killed by
     a timeout, say): a small process of its own session watches the test process."""
-    script_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "local_kafka")
+    script_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_kafka")
     subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(port), script_dir],
                      start_new_session=True, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,0 +1,110 @@
+"""The exactly-once Kafka job of the cluster tests: a rolling sum per key from one topic to
+another, submitted as a job file to a member process; its input produced, its output read
+(read_committed) and the running sums it must equal."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from support.cluster_processes import ClusterProcesses
+
+
+def new_topic(bootstrap: str, partitions: int = 3) -> str:
+    """A new topic of its own name."""
+    name = f"t{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
+    return name
+
+
+def sums_job_file(tmp: Path, bootstrap: str, source: str, sink: str) -> Path:
+    """A job file (``jetwake submit FILE``): ``source`` -> rolling sum per key -> ``sink``."""
+    src = tmp / f"sums_{uuid.uuid4().hex[:6]}.py"
+    src.write_text(textwrap.dedent(f"""
+        from jetwake import AggregateOperations, Pipeline, Sinks, Sources
+        props = {{"bootstrap.servers": {bootstrap!r}}}
+        pipeline = Pipeline()
+        (pipeline.read_from(Sources.kafka({source!r}, props, key_deserializer="str",
+                                          value_deserializer="json"))
+            .group_by(lambda kv: kv[0])
+            .rolling_aggregate(AggregateOperations.summing(lambda kv: kv[1]))
+            .write_to(Sinks.kafka({sink!r}, props, value_serializer="json",
+                                  key_serializer="str")))
+    """))
+    return src
+
+
+def produce_events(bootstrap: str, topic: str, events: list[tuple[str, int]]) -> None:
+    """``(key, value)`` events as records, the value in JSON."""
+    p = Producer({"bootstrap.servers": bootstrap})
+    for k, v in events:
+        p.produce(topic, key=k.encode(), value=json.dumps(v).encode())
+    p.flush(30)
+
+
+class Output:
+    """A read_committed reader of the sink topic, accumulating what it has read."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                                  "auto.offset.reset": "earliest",
+                                  "isolation.level": "read_committed"})
+        self.consumer.subscribe([topic])
+        self.records: list[tuple[str, int]] = []
+
+    def has(self, count: int) -> bool:
+        for msg in self.consumer.consume(500, 0.2):
+            if msg.error() is None:
+                self.records.append((msg.key().decode(), json.loads(msg.value())))
+        return len(self.records) >= count
+
+    def drain(self) -> None:
+        """Reads until one second passes without a record: a duplicate written late (by a
+        restarted sink) would land in that second."""
+        while True:
+            batch = [m for m in self.consumer.consume(500, 1.0) if m.error() is None]
+            if not batch:
+                return
+            self.records.extend((m.key().decode(), json.loads(m.value())) for m in batch)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def running_sums(events: list[tuple[str, int]]) -> dict[str, list[int]]:
+    """The sums job's output key by key, in order: what one member computes."""
+    out: dict[str, list[int]] = {}
+    running: dict[str, int] = {}
+    for k, v in events:
+        running[k] = running.get(k, 0) + v
+        out.setdefault(k, []).append(running[k])
+    return out
+
+
+def by_key(records: list[tuple[str, int]]) -> dict[str, list[int]]:
+    """The values of ``(key, value)`` records key by key, in order."""
+    out: dict[str, list[int]] = {}
+    for k, v in records:
+        out.setdefault(k, []).append(v)
+    return out
+
+
+def submit_sums(cluster: ClusterProcesses, member, tmp_path: Path, bootstrap: str,
+                 source: str, sink: str, *flags: str) -> dict:
+    """Submits the sums job to ``member`` (exactly-once, a snapshot every 200 ms)."""
+    return cluster.cli_json(member, "submit",
+                            str(sums_job_file(tmp_path, bootstrap, source, sink)),
+                            "--name", "sums", "--guarantee", "exactly_once",
+                            "--snapshot-interval", "200", *flags)
+
+
+def job_status(cluster: ClusterProcesses, member, job_id: str) -> dict:
+    """``jetwake status JOB --json`` on ``member``."""
+    return cluster.cli_json(member, "status", job_id)
+
