@@ -9,11 +9,10 @@ their end.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable
 
-from jetwake.engine.pipeline.fusion import StageMetrics, fused_stage_metrics
-
-__all__ = ["Counts", "vertex_counts", "stage_counts", "member_counts", "summed"]
+__all__ = ["Counts", "StageMetrics", "vertex_counts", "stage_counts", "member_counts", "summed"]
 
 #: name (a vertex, or a stateless stage fused into one) -> counter -> value
 Counts = dict[str, dict[str, float]]
@@ -33,10 +32,31 @@ def vertex_counts(tasklets: Iterable[Any]) -> Counts:
     return out
 
 
+@dataclass
+class StageMetrics:
+    """Items in and out of one fused stage, summed over the processors it runs in."""
+    vertex: str
+    kind: str
+    items_in: int = 0
+    items_out: int = 0
+
+
 def stage_counts(tasklets: Iterable[Any]) -> dict[str, StageMetrics]:
     """Items in and out of each stateless stage fused into a vertex, summed over
-    ``tasklets``."""
-    return fused_stage_metrics(s.transform for t in tasklets for s in t.outbound)
+    ``tasklets``: the edge transforms that count stages (a pipeline's FusedChain, with
+    ``vertex`` and ``stage_counts()``) say what each stage counted; others are skipped."""
+    out: dict[str, StageMetrics] = {}
+    for chain in (s.transform for t in tasklets for s in t.outbound):
+        counted = getattr(chain, "stage_counts", None)
+        if counted is None:
+            continue
+        for step, n_in, n_out in counted():
+            m = out.get(step.stage)
+            if m is None:
+                m = out[step.stage] = StageMetrics(chain.vertex, step.kind)
+            m.items_in += n_in
+            m.items_out += n_out
+    return out
 
 
 def member_counts(tasklets: Iterable[Any]) -> Counts:

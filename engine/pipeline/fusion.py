@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from jetwake.engine.core.edge_transform import EdgeTransform
 from jetwake.engine.pipeline.event_time import adapt_to_timestamped, unwrap
 
-__all__ = ["FusedStep", "FusedChain", "StageMetrics", "stateless_function", "stateless_step",
+__all__ = ["FusedStep", "FusedChain", "stateless_function", "stateless_step",
            "unwrap_step", "internal_step", "note_stage", "stage_of_note", "fused_stage_of",
            "fused_stage_metrics"]
 
@@ -182,28 +182,3 @@ def stage_of_note(note: Any) -> str | None:
     if isinstance(note, str) and note.startswith(_NOTE_PREFIX):
         return note[len(_NOTE_PREFIX):]
     return None
-
-
-@dataclass
-class StageMetrics:
-    """Items in and out of one fused stage, summed over the processors it runs in."""
-    vertex: str
-    kind: str
-    items_in: int = 0
-    items_out: int = 0
-
-
-def fused_stage_metrics(transforms: Iterable[Any]) -> dict[str, StageMetrics]:
-    """The counts of every fused stage, by stage name, from the edge transforms processors
-    apply (anything that is not a :class:`FusedChain` is skipped)."""
-    out: dict[str, StageMetrics] = {}
-    for chain in transforms:
-        if not isinstance(chain, FusedChain):
-            continue
-        for step, n_in, n_out in chain.stage_counts():
-            m = out.get(step.stage)
-            if m is None:
-                m = out[step.stage] = StageMetrics(chain.vertex, step.kind)
-            m.items_in += n_in
-            m.items_out += n_out
-    return out
