@@ -25,8 +25,12 @@ import cloudpickle
 from jetwake.engine.cluster.distributed_execution import (
     ClusterSnapshotWriter, DistributedExecution, DistributedSnapshot, MemberExecutionError,
 )
-from jetwake.engine.cluster.peer_network import PeerCallError, PeerUnreachableError
-from jetwake.engine.core.errors import RestartableError
+from jetwake.engine.cluster.peer_network import PeerCallError
+from jetwake.engine.core.errors import (
+    FallbackRefusedError, RestartableError, is_restartable_cause,
+)
+from jetwake.engine.jobs.execution_messages import InitExecution
+from jetwake.engine.jobs.restore_plan import restore_candidates
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_coordinator import (
     _STOP_NONE, _STOP_RESTART, _STOP_SHUTDOWN, _STOP_SUSPEND, JobCoordinator,
@@ -103,7 +107,7 @@ class ClusterJobCoordinator(JobCoordinator):
         self._check_quorum(len(members))
         self.store.remove_staging(self.job_id)
         damaged: list[str] = []
-        for rec, desc in self._restore_candidates(restore):
+        for rec, desc in restore_candidates(self.store, self.job_id, self.config, restore):
             self._attempt += 1
             # unique in the cluster: another coordinator of the same job (after a failover)
             # counts its executions from 1 again
@@ -113,29 +117,26 @@ class ClusterJobCoordinator(JobCoordinator):
             # _on_execution_end reads what a DistributedExecution has of an Execution (error,
             # error_tasklet); mypy infers no lambda with a default against a Callable[[], list]
             execution = DistributedExecution(
-                self.name, exec_key, [m for m, _ in members], cluster.call_member,
+                self.name, exec_key, [m for m, _ in members], cluster.call_execution,
                 self._on_execution_end,  # type: ignore[arg-type]
                 lambda key=exec_key: cluster.participant.tasklets_of_execution(key))  # type: ignore[misc]
             results = execution.all_members(
-                "exec.init", lambda index: self._init_args(exec_key, members, index, rec, desc),
+                lambda index: self._init_message(exec_key, members, index, rec, desc, damaged),
                 INIT_TIMEOUT_S)
             failed = {m: r for m, r in results.items() if isinstance(r, BaseException)}
             if failed:
                 execution.cancel()
-                damaged_on = [m for m, e in failed.items()
-                              if isinstance(e, PeerCallError)
-                              and e.remote_type == SnapshotDamagedError.__name__]
+                damaged_on = [m for m, e in failed.items() if _raised(e, SnapshotDamagedError)]
                 if rec is not None and damaged_on:
                     error = SnapshotDamagedError("; ".join(str(failed[m]) for m in damaged_on))
                     damaged.append(self._skip_damaged(rec, error, restore))
                     continue
+                refused = [e for e in failed.values() if _raised(e, FallbackRefusedError)]
+                if refused:
+                    if isinstance(refused[0], FallbackRefusedError):
+                        raise refused[0]
+                    raise FallbackRefusedError(str(refused[0])) from refused[0]
                 raise _start_error(self.name, failed)
-            try:
-                if damaged:
-                    self._check_fallback(execution.tasklets, damaged, desc)
-            except BaseException:
-                execution.cancel()
-                raise
             if rec is not None and rec.name is None:
                 self.last_snapshot = rec
             execution.on_member_lost = self._member_lost
@@ -146,13 +147,17 @@ class ClusterJobCoordinator(JobCoordinator):
             return execution, snapshot, desc if rec is not None else ""
         raise AssertionError("unreachable: the last candidate is a start without state")
 
-    def _init_args(self, exec_key: str, members: list[tuple[str, str]], index: int,
-                   rec: CommitRecord | None, desc: str) -> list:
-        """``exec.init``'s arguments for the member at ``index``."""
-        return [exec_key, self.job_id, self.name, self._definition_bytes, dict(vars(self.config)),
-                self._default_parallelism(), [list(m) for m in members], index,
-                self.member.member_id, rec.to_json() if rec is not None else None, desc,
-                self.execution_count]
+    def _init_message(self, exec_key: str, members: list[tuple[str, str]], index: int,
+                      rec: CommitRecord | None, desc: str, damaged: list[str]) -> InitExecution:
+        """What the member at ``index`` is asked to build, restore and initialize."""
+        return InitExecution(
+            exec_key=exec_key, job_id=self.job_id, job_name=self.name,
+            definition=self._definition_bytes, config=dict(vars(self.config)),
+            default_parallelism=self._default_parallelism(),
+            members=[list(m) for m in members], member_index=index,
+            coordinator=self.member.member_id, restore=rec.to_json() if rec is not None else None,
+            restore_desc=desc, execution_count=self.execution_count,
+            skipped_damaged=list(damaged), accept_fallback=self._accept_fallback_once)
 
     def _discard(self, execution: Any) -> None:
         execution.cancel()
@@ -272,20 +277,21 @@ class ClusterJobCoordinator(JobCoordinator):
                     and execution.exec_key == exec_key and execution.finished.is_set())
 
 
+def _raised(error: BaseException, cls: type[BaseException]) -> bool:
+    """Whether a member's call raised ``cls``: this member's own in-process, another's named
+    by the network's error."""
+    return isinstance(error, cls) or (isinstance(error, PeerCallError)
+                                      and error.remote_type == cls.__name__)
+
+
 def _start_error(job: str, failed: dict[str, BaseException]) -> BaseException:
     """The error a start that failed on some members raises: restartable when every failure
-    is (a member out of reach, a broker away), so the job retries with back-off."""
+    is, by the one verdict every path uses (is_restartable_cause; a member judges its own
+    error and the network carries the verdict), so the job retries with back-off."""
     text = "; ".join(f"member {m}: {e}" for m, e in failed.items())
-    restartable = all(isinstance(e, (PeerUnreachableError, RestartableError))
-                      or (isinstance(e, PeerCallError) and e.remote_type in _RESTARTABLE_TYPES)
-                      for e in failed.values())
+    restartable = all(is_restartable_cause(e) for e in failed.values())
     message = f"job '{job}' could not start on every member: {text}"
     return RestartableError(message) if restartable else MemberExecutionError(message)
-
-
-_RESTARTABLE_TYPES = {"RestartableError", "KafkaException", "OSError", "ConnectionError",
-                      "TimeoutError", "SnapshotWriteError", "NotCoordinatorError",
-                      "PeerUnreachableError"}
 
 
 class ClusterJobRecords:

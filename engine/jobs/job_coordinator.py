@@ -16,13 +16,16 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from jetwake.engine.jobs.job_records import JobRecord
+from jetwake.engine.jobs.restore_plan import (
+    check_fallback, damaged_export_error, restore_candidates,
+)
 from jetwake.snapshot.store.snapshot_store import (
     CommitRecord, SnapshotDamagedError,
 )
 from jetwake.engine.core.dag import DAG
 from jetwake.engine.core.errors import (
     FallbackRefusedError, JobCancelledError, JobStateError, RestartableError, SnapshotError,
-    SnapshotNotFoundError, SnapshotWriteError, is_restartable_cause,
+    SnapshotWriteError, is_restartable_cause,
 )
 from jetwake.engine.execution.plan import PlanContext, build_tasklets
 from jetwake.snapshot.protocol.fault_injection import crash_point
@@ -30,8 +33,8 @@ from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.jobs.snapshot_history import SnapshotHistory
-from jetwake.engine.execution.execution_metrics import stage_counts, vertex_counts
-from jetwake.engine.pipeline.fusion import StageMetrics, fused_stage_of
+from jetwake.engine.execution.execution_metrics import StageMetrics, stage_counts, vertex_counts
+from jetwake.engine.pipeline.fusion import fused_stage_of
 from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 from jetwake.snapshot.protocol.restore import restore_state
 from jetwake.snapshot.state.keyed_state import in_memory_state_factory
@@ -369,10 +372,10 @@ class JobCoordinator:
 
     def _start_tasklets(self, restore: str) -> tuple[list, SnapshotContext | None, str]:
         """Builds and initializes the processors and restores the newest good snapshot into
-        them; a snapshot found damaged on the way is skipped (see _check_fallback)."""
+        them; a snapshot found damaged on the way is skipped (see restore_plan)."""
         self.store.remove_staging(self.job_id)
         damaged: list[str] = []
-        for rec, desc in self._restore_candidates(restore):
+        for rec, desc in restore_candidates(self.store, self.job_id, self.config, restore):
             reader = self.store.reader(rec) if rec is not None else None
             if reader is not None:
                 try:
@@ -387,8 +390,8 @@ class JobCoordinator:
                 if self.config.snapshots_enabled else None
             tasklets = self._build_tasklets(snapshot)
             try:
-                if damaged:
-                    self._check_fallback(tasklets, damaged, desc)
+                check_fallback(tasklets, self.config, self.name, damaged, desc,
+                               self._accept_fallback_once)
                 if reader is not None:
                     restore_state(tasklets, reader, desc)
             except SnapshotDamagedError as e:
@@ -404,61 +407,15 @@ class JobCoordinator:
             return tasklets, snapshot, desc if rec is not None else ""
         raise AssertionError("unreachable: the last candidate is a start without state")
 
-    def _restore_candidates(self, restore: str) -> list[tuple[CommitRecord | None, str]]:
-        """The snapshots to try, best first, ending with (None, "") (no state) where
-        starting without state is allowed."""
-        if restore == "initial" and self.config.initial_snapshot_name:
-            name = self.config.initial_snapshot_name
-            rec = self.store.get_export(name)
-            if rec is None:
-                raise SnapshotNotFoundError(
-                    f"no exported snapshot named '{name}' (JobConfig.initial_snapshot_name); "
-                    "list them with `jetwake list-snapshots` or member.snapshots()")
-            return [(rec, f"exported snapshot '{name}'")]
-        if restore != "latest" or not self.config.snapshots_enabled:
-            return [(None, "")]
-        out: list[tuple[CommitRecord | None, str]] = []
-        for rec in self.store.committed(self.job_id):
-            if rec.job_id != self.job_id:
-                raise SnapshotError(
-                    f"snapshot {rec.snapshot_id} in the directory of job {self.job_id} was "
-                    f"written by job {rec.job_id}; the data directory has been tampered with")
-            out.append((rec, f"snapshot {rec.snapshot_id}"))
-        out.append((None, ""))
-        return out
-
     def _skip_damaged(self, rec: CommitRecord, error: Exception, restore: str) -> str:
-        if rec.name is not None:  # an export the user asked for: no silent fallback
-            raise SnapshotError(f"exported snapshot '{rec.name}' is damaged: {error}") from error
+        """Reports a damaged snapshot the restore skips; how the next attempt names it."""
+        refused = damaged_export_error(rec, error)
+        if refused is not None:  # an export the user asked for: no silent fallback
+            raise refused from error
         log.warning("job %s: snapshot %d is damaged (%s); falling back to the previous good "
                     "snapshot", self.name, rec.snapshot_id, error)
         self.member.emit_event(self, f"snapshot {rec.snapshot_id} is damaged: {error}")
         return f"snapshot {rec.snapshot_id} ({error})"
-
-    def _check_fallback(self, tasklets: list, damaged: list[str], desc: str) -> None:
-        """Refuses to fall back past a damaged snapshot when that can duplicate output: under
-        exactly-once, a transactional sink may already have committed the damaged snapshot's
-        phase 2, and restoring an older one would write those records again."""
-        if self.config.processing_guarantee != "exactly_once" \
-                or self.config.accept_at_least_once_on_fallback:
-            return
-        sinks = sorted({t.context.vertex_name for t in tasklets
-                        if getattr(t.processor, "transactional_sink", False)})
-        if not sinks:
-            return
-        if self._accept_fallback_once:
-            log.warning("job %s: restoring %s past damaged snapshot(s) %s; the transactional "
-                        "sink(s) %s may write some records twice (accepted by the user)",
-                        self.name, desc or "no state", damaged, sinks)
-            return
-        instead = desc or "without any state"
-        raise FallbackRefusedError(
-            f"job '{self.name}': the newest snapshot is damaged ({'; '.join(damaged)}) and the "
-            f"transactional sink(s) {sinks} may already have committed its output, so starting "
-            f"from {instead} could write records twice, breaking exactly-once. The job is "
-            "suspended. To accept possible duplicates for this restore, resume it with "
-            "job.resume(accept_at_least_once_on_fallback=True); to accept them always, set "
-            "JobConfig(accept_at_least_once_on_fallback=True)")
 
     def _build_tasklets(self, snapshot: SnapshotContext | None) -> list:
         ctx = PlanContext(job_id=self.job_id, job_name=self.name,
@@ -512,7 +469,7 @@ class JobCoordinator:
             reason = self._stop_reason
         self._remove_state_dirs()
         if reason == _STOP_SHUTDOWN and (execution.error is None
-                                         or isinstance(execution.error, RestartableError)):
+                                         or is_restartable_cause(execution.error)):
             # stopped by a graceful member shutdown: the record says running, so the next start
             # resumes it, from the terminal snapshot if it committed
             self._set_status(JobStatus.SUSPENDED if self._terminal_committed
@@ -525,7 +482,7 @@ class JobCoordinator:
             self._restart_async("restart requested")
         elif execution.error is not None:
             err = execution.error
-            if isinstance(err, RestartableError) and self.config.snapshots_enabled:
+            if is_restartable_cause(err) and self.config.snapshots_enabled:
                 log.warning("job %s: %s; restarting from the last snapshot", self.name, err)
                 self._restart_async(str(err))
                 return
