@@ -32,9 +32,8 @@ from jetwake.engine.core.errors import (
 from jetwake.engine.jobs.execution_messages import InitExecution
 from jetwake.engine.jobs.restore_plan import restore_candidates
 from jetwake.engine.jobs.job_config import JobConfig
-from jetwake.engine.jobs.job_coordinator import (
-    _STOP_NONE, _STOP_RESTART, _STOP_SHUTDOWN, _STOP_SUSPEND, JobCoordinator,
-)
+from jetwake.engine.jobs.job_coordinator import JobCoordinator
+from jetwake.engine.jobs.stop_reason import StopReason
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.jobs.job_records import JobRecord
 from jetwake.snapshot.store.snapshot_store import CommitRecord, SnapshotDamagedError
@@ -168,7 +167,7 @@ class ClusterJobCoordinator(JobCoordinator):
     def _execution_description(self, execution: Any) -> str:
         return f"on {len(execution.members)} member(s): {', '.join(execution.members)}"
 
-    def _new_snapshot_writer(self, snapshot_id: int, terminal: bool) -> ClusterSnapshotWriter:
+    def new_snapshot_writer(self, snapshot_id: int, terminal: bool) -> ClusterSnapshotWriter:
         return ClusterSnapshotWriter(self.store, self.job_id, self.name, snapshot_id, terminal,
                                      self.member.publish_commit_record)
 
@@ -194,8 +193,8 @@ class ClusterJobCoordinator(JobCoordinator):
             return
         if not self.config.auto_scaling and self.config.snapshots_enabled and not self.light:
             with self._lock:
-                if self._stop_reason == _STOP_NONE:
-                    self._stop_reason = _STOP_SUSPEND
+                if self._stop_reason == StopReason.NONE:
+                    self._stop_reason = StopReason.SUSPEND
             self.member.emit_event(self, f"member {member_id} left: suspended "
                                          "(auto_scaling=False)")
         execution.member_left(member_id)
@@ -231,7 +230,7 @@ class ClusterJobCoordinator(JobCoordinator):
         with self._lock:
             self._rescale_timer = None
             execution = self._execution
-            if self.status != JobStatus.RUNNING or self._stop_reason != _STOP_NONE \
+            if self.status != JobStatus.RUNNING or self._stop_reason != StopReason.NONE \
                     or self.deposed or self._rescaling or execution is None:
                 return
             self._rescaling = True
@@ -246,9 +245,9 @@ class ClusterJobCoordinator(JobCoordinator):
                                 "from the last one", self.name, e)
             with self._lock:
                 if execution is not self._execution or execution.finished.is_set() \
-                        or self._stop_reason != _STOP_NONE:
+                        or self._stop_reason != StopReason.NONE:
                     return  # it stopped or restarted meanwhile
-                self._stop_reason = _STOP_RESTART
+                self._stop_reason = StopReason.RESTART
             execution.cancel()
         finally:
             with self._lock:
@@ -261,7 +260,7 @@ class ClusterJobCoordinator(JobCoordinator):
         self._retry_stop.set()
         with self._lock:
             timer, self._rescale_timer = self._rescale_timer, None
-            self._stop_reason = _STOP_SHUTDOWN
+            self._stop_reason = StopReason.SHUTDOWN
             execution = self._execution
         if timer is not None:
             timer.cancel()

@@ -397,7 +397,7 @@ class ClusterMember(Member):
     def _on_exec_ended(self, payload: Any) -> None:
         ended = decode(ExecutionEnded, payload)
         c = self.find_coordinator(ended.exec_key.split(".")[0])
-        execution = getattr(c, "_execution", None)
+        execution = c.current_execution if c is not None else None
         if isinstance(execution, DistributedExecution) and execution.exec_key == ended.exec_key:
             execution.member_ended(ended)
 
