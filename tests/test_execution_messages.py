@@ -14,20 +14,20 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from jetwake import FallbackRefusedError, JobConfig, Member, Pipeline, Sinks
-from jetwake.engine.cluster import execution_participant
 from jetwake.engine.cluster.cluster_job_coordinator import _start_error
 from jetwake.engine.cluster.distributed_execution import MemberExecutionError
 from jetwake.engine.cluster.execution_participant import ExecutionParticipant
-from jetwake.engine.cluster.peer_network import PeerCallError, PeerNetwork
+from jetwake.engine.cluster.peer_network import PeerCallError
 from jetwake.engine.core.errors import RestartableError, is_restartable_cause
 from jetwake.engine.core.serialization import dumps, loads
-from jetwake.engine.jobs import job_coordinator
+from jetwake.engine.jobs import member_share
 from jetwake.engine.jobs.execution_messages import (
     REQUESTS, CancelExecution, CompletePhase1, CompletePhase2, ExecutionEnded,
     ExecutionMetrics, ForgetJob, InitExecution, Initialized, MemberCounts, MessageFormatError,
     Phase1Result, Phase2Result, StartExecution, StartSnapshot, decode, decode_request,
 )
 from snapshot_fixtures import counting_source
+from test_cluster_peer_network import pair  # noqa: F401 - two members' networks, a fixture
 
 KEY = "job-1.m-a.1.1"
 
@@ -103,15 +103,6 @@ FATAL = KafkaException(KafkaError(KafkaError._FENCED, "producer fenced", fatal=T
 TRANSIENT = KafkaException(KafkaError(KafkaError._TRANSPORT))
 
 
-@pytest.fixture
-def pair():
-    a = PeerNetwork("prod", "a", "s3cret").start()
-    b = PeerNetwork("prod", "b", "s3cret").start()
-    yield a, b
-    a.stop()
-    b.stop()
-
-
 def _raise(error: BaseException):
     def handler(peer_id, method, args):
         raise error
@@ -172,13 +163,12 @@ def test_each_member_refuses_the_fallback_before_restoring_any_state(tmp_path, m
     member's job and a member's share of a cluster's (the participant) are refused after
     their processors are initialized and before any state is restored into them."""
     restored: list[str] = []
-    real_restore = execution_participant.restore_state
+    real_restore = member_share.restore_state
 
     def recording_restore(tasklets, reader, desc):
         restored.append(desc)
         real_restore(tasklets, reader, desc)
-    for module in (execution_participant, job_coordinator):
-        monkeypatch.setattr(module, "restore_state", recording_restore)
+    monkeypatch.setattr(member_share, "restore_state", recording_restore)
     config = JobConfig(name="to-list", processing_guarantee="exactly_once",
                        snapshot_interval_ms=3_600_000)
     with Member(tmp_path) as m:

@@ -37,15 +37,14 @@ from jetwake.engine.jobs.execution_messages import (
     ExecutionMetrics, ForgetJob, InitExecution, Initialized, MemberCounts, Phase1Result,
     Phase2Result, StartExecution, StartSnapshot,
 )
-from jetwake.engine.jobs.restore_plan import check_fallback
+from jetwake.engine.jobs.member_share import close_quietly, prepare_share
 from jetwake.engine.execution.execution_metrics import Counts
 from jetwake.engine.execution.execution_service import Execution
-from jetwake.engine.execution.plan import PlanContext, build_tasklets
+from jetwake.engine.execution.plan import PlanContext
 from jetwake.engine.cluster.snapshot_data_topic import files_under
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_coordinator import compile_definition, state_factory
 from jetwake.snapshot.protocol.fault_injection import crash_point
-from jetwake.snapshot.protocol.restore import restore_state
 from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 from jetwake.snapshot.store.snapshot_store import CommitRecord, SnapshotWriter
 
@@ -169,22 +168,10 @@ class ExecutionParticipant:
             state_backend=cfg.state_backend,
             snapshot_interval_ms=cfg.snapshot_interval_ms if cfg.snapshots_enabled else 0,
             remote=_RemoteEnds(self.edges, exec_key, members) if len(members) > 1 else None)
-        tasklets = build_tasklets(dag, ctx)
-        initialized = []
         try:
-            for t in tasklets:
-                initialized.append(t)
-                t.init()
-            check_fallback(tasklets, cfg, job_name, msg.skipped_damaged, msg.restore_desc,
-                           msg.accept_fallback)
-            if reader is not None:
-                restore_state(tasklets, reader, msg.restore_desc)
+            tasklets = prepare_share(dag, ctx, cfg, reader, msg.restore_desc,
+                                     msg.skipped_damaged, msg.accept_fallback)
         except BaseException:
-            for t in initialized:
-                try:
-                    t.close()
-                except Exception:  # noqa: BLE001 - the first error is the one to report
-                    log.exception("closing %s after a failed start", t.name)
             self.edges.release(exec_key)
             self._remove_state(job_id, exec_key)
             raise
@@ -269,11 +256,7 @@ class ExecutionParticipant:
             # initialized but never started: close here, nothing else will
             with self._lock:
                 self._executions.pop(exec_key, None)
-            for t in ex.execution.tasklets:
-                try:
-                    t.close()
-                except Exception:  # noqa: BLE001
-                    log.exception("closing %s", t.name)
+            close_quietly(ex.execution.tasklets)
             self.edges.release(exec_key)
             self._remove_state(ex.job_id, exec_key)
             return

@@ -16,9 +16,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from jetwake.engine.jobs.job_records import JobRecord
-from jetwake.engine.jobs.restore_plan import (
-    check_fallback, damaged_export_error, restore_candidates,
-)
+from jetwake.engine.jobs.member_share import close_quietly, prepare_share
+from jetwake.engine.jobs.restore_plan import damaged_export_error, restore_candidates
 from jetwake.snapshot.store.snapshot_store import (
     CommitRecord, SnapshotDamagedError,
 )
@@ -27,7 +26,7 @@ from jetwake.engine.core.errors import (
     FallbackRefusedError, JobCancelledError, JobStateError, RestartableError, SnapshotError,
     SnapshotWriteError, is_restartable_cause,
 )
-from jetwake.engine.execution.plan import PlanContext, build_tasklets
+from jetwake.engine.execution.plan import PlanContext
 from jetwake.snapshot.protocol.fault_injection import crash_point
 from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.jobs.job_config import JobConfig
@@ -39,7 +38,6 @@ from jetwake.engine.jobs.stop_reason import StopReason
 from jetwake.engine.execution.execution_metrics import StageMetrics, stage_counts, vertex_counts
 from jetwake.engine.pipeline.fusion import fused_stage_of
 from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
-from jetwake.snapshot.protocol.restore import restore_state
 from jetwake.snapshot.state.keyed_state import in_memory_state_factory
 from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
 
@@ -349,7 +347,7 @@ class JobCoordinator:
 
     def _discard(self, execution: Any) -> None:
         """Drops an execution that was prepared but never launched."""
-        self._close_all(execution.tasklets)
+        close_quietly(execution.tasklets)
 
     def _launch(self, execution: Any) -> None:
         assert self.member.execution_service is not None  # a started member
@@ -380,20 +378,13 @@ class JobCoordinator:
             snapshot = SnapshotContext(
                 restored_id, self.store.staging_dir(self.job_id, self.execution_count)) \
                 if self.config.snapshots_enabled else None
-            tasklets = self._build_tasklets(snapshot)
             try:
-                check_fallback(tasklets, self.config, self.name, damaged, desc,
-                               self._accept_fallback_once)
-                if reader is not None:
-                    restore_state(tasklets, reader, desc)
+                tasklets = prepare_share(self.dag, self._plan_context(snapshot), self.config,
+                                         reader, desc, damaged, self._accept_fallback_once)
             except SnapshotDamagedError as e:
-                self._close_all(tasklets)
                 assert rec is not None  # raised by the reader's data
                 damaged.append(self._skip_damaged(rec, e, restore))
                 continue
-            except BaseException:
-                self._close_all(tasklets)
-                raise
             if rec is not None and rec.name is None:
                 self.last_snapshot = rec
             return tasklets, snapshot, desc if rec is not None else ""
@@ -409,33 +400,16 @@ class JobCoordinator:
         self.member.emit_event(self, f"snapshot {rec.snapshot_id} is damaged: {error}")
         return f"snapshot {rec.snapshot_id} ({error})"
 
-    def _build_tasklets(self, snapshot: SnapshotContext | None) -> list:
-        ctx = PlanContext(job_id=self.job_id, job_name=self.name,
-                          processing_guarantee=self.config.processing_guarantee,
-                          default_parallelism=self._default_parallelism(),
-                          member=self.member, snapshot=snapshot,
-                          state_factory=self._state_factory(),
-                          state_backend=self.config.state_backend,
-                          snapshot_interval_ms=self.config.snapshot_interval_ms
-                          if self.config.snapshots_enabled else 0)
-        tasklets = build_tasklets(self.dag, ctx)
-        initialized = []
-        try:
-            for t in tasklets:
-                initialized.append(t)
-                t.init()
-        except BaseException:
-            self._close_all(initialized)
-            raise
-        return tasklets
-
-    @staticmethod
-    def _close_all(tasklets: list) -> None:
-        for t in tasklets:
-            try:
-                t.close()
-            except Exception:  # noqa: BLE001 - the first error is the one to report
-                log.exception("closing %s after a failed start", t.name)
+    def _plan_context(self, snapshot: SnapshotContext | None) -> PlanContext:
+        """How this member's processors of the job are built (the only member)."""
+        return PlanContext(job_id=self.job_id, job_name=self.name,
+                           processing_guarantee=self.config.processing_guarantee,
+                           default_parallelism=self._default_parallelism(),
+                           member=self.member, snapshot=snapshot,
+                           state_factory=self._state_factory(),
+                           state_backend=self.config.state_backend,
+                           snapshot_interval_ms=self.config.snapshot_interval_ms
+                           if self.config.snapshots_enabled else 0)
 
     def _state_factory(self):
         """Creates each processor's keyed state store, per JobConfig.state_backend."""
