@@ -435,7 +435,8 @@ class Member:
         self.execution_service.shutdown()
         if self._maps is not None:
             self._maps.close()
-        writer = self._record_writer
+        with self._lock:  # set and started in one step under the lock (retry_record_later)
+            writer = self._record_writer
         if writer is not None:
             writer.join(5)
         if self._write_stale_records():

@@ -1,5 +1,12 @@
 """Takes a job's snapshots (Jet's MasterSnapshotContext): regular ones every interval,
-terminal ones (suspend, rescale, shutdown) and exported ones, one at a time.
+terminal ones (suspend, rescale, shutdown) and exported ones, one at a time through one
+request queue.
+
+While an execution with snapshots runs, one thread serves the queue: it takes a regular
+snapshot when the interval has passed since the end of the previous one, and every snapshot
+asked for meanwhile in the order asked (the caller waits for its outcome). When no such thread
+runs (the job is starting or stopping), a request is served on the caller's thread, still one
+at a time.
 
 It drives the two phases of whatever runs the job (:class:`SnapshotPhases`, one member's or
 every member's), writes the commit point with the job's writer, keeps the last good snapshot,
@@ -12,7 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
+import time
+from concurrent.futures import Future
 from typing import Any, Iterator, Protocol
 
 from jetwake.engine.core.errors import (
@@ -28,6 +38,9 @@ __all__ = ["PHASE_TIMEOUT_S", "SnapshotDriver", "SnapshotOwner"]
 log = logging.getLogger("jetwake.job")
 
 PHASE_TIMEOUT_S = 120.0
+
+# how often the queue's thread looks whether its execution has ended
+_RECHECK_S = 0.25
 
 
 class SnapshotOwner(Protocol):
@@ -65,6 +78,8 @@ class SnapshotDriver:
         self.last_error: str | None = None
         self.history = SnapshotHistory()  # the latest snapshots' outcomes
         self._lock = threading.Lock()  # one snapshot at a time
+        self._guard = threading.Lock()  # the queue and the thread serving it
+        self._requests: queue.Queue[tuple[bool, Future]] | None = None
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -73,39 +88,87 @@ class SnapshotDriver:
             yield
 
     def start_regular(self, execution: ExecutionDriver, interval_s: float) -> threading.Thread:
-        """Starts the thread that takes a snapshot of ``execution`` every ``interval_s``."""
-        thread = threading.Thread(target=self._regular, args=(execution, interval_s),
+        """Starts the thread that serves the request queue while ``execution`` runs and takes
+        a snapshot of it every ``interval_s``."""
+        requests: queue.Queue[tuple[bool, Future]] = queue.Queue()
+        with self._guard:
+            self._requests = requests
+        thread = threading.Thread(target=self._serve, args=(execution, interval_s, requests),
                                   daemon=True, name=f"jetwake-snapshots-{self.owner.name}")
         thread.start()
         return thread
 
-    def _regular(self, execution: ExecutionDriver, interval_s: float) -> None:
-        """Takes a snapshot every interval, measured from the end of the previous one. Nothing
-        ends this thread silently: a snapshot that could not be written is counted and retried
-        at the next interval; any other error restarts or fails the job."""
-        name = self.owner.name
-        while True:
-            if execution.finished.wait(interval_s):
-                return
-            if not self.owner.keeps_running(execution):
-                return
-            try:
-                self.take()
-            except SnapshotWriteError:
-                continue  # counted and logged by take(); the job runs on
-            except RestartableError as e:
-                execution.fail(execution.tasklets[0] if execution.tasklets else None, e)
-                return
-            except JobStateError:
-                return
-            except BaseException as e:  # noqa: BLE001 - must reach the job, not vanish
-                log.exception("job %s: the snapshot thread failed", name)
-                error = SnapshotError(f"job '{name}': taking a snapshot failed: {e!r}")
-                error.__cause__ = e
-                execution.fail(execution.tasklets[0] if execution.tasklets else None, error)
-                return
-
     def take(self, terminal: bool = False) -> CommitRecord:
+        """Takes a snapshot of the running execution and returns its commit record (see
+        :meth:`take_now` for what it raises): queued behind any snapshot under way."""
+        request: tuple[bool, Future] = (terminal, Future())
+        with self._guard:
+            requests = self._requests
+            if requests is not None:
+                requests.put(request)
+        if requests is None:
+            return self.take_now(terminal)
+        return request[1].result()
+
+    def _serve(self, execution: ExecutionDriver, interval_s: float,
+               requests: "queue.Queue[tuple[bool, Future]]") -> None:
+        """Serves the queue while ``execution`` runs: the requests in order, and a regular
+        snapshot every interval, measured from the end of the previous one. Nothing ends this
+        thread silently: a regular snapshot that could not be written is counted and tried
+        again at the next interval; any other error restarts or fails the job."""
+        next_regular = time.monotonic() + interval_s
+        try:
+            while not execution.finished.is_set() and self.owner.keeps_running(execution):
+                wait = min(_RECHECK_S, max(0.0, next_regular - time.monotonic()))
+                try:
+                    terminal, done = requests.get(timeout=wait)
+                except queue.Empty:
+                    if time.monotonic() < next_regular:
+                        continue
+                    if not self._regular(execution):
+                        return
+                    next_regular = time.monotonic() + interval_s
+                    continue
+                self._answer(terminal, done)
+        finally:
+            with self._guard:
+                if self._requests is requests:
+                    self._requests = None
+            while True:  # asked for while the execution ended: served on this thread
+                try:
+                    terminal, done = requests.get_nowait()
+                except queue.Empty:
+                    break
+                self._answer(terminal, done)
+
+    def _answer(self, terminal: bool, done: Future) -> None:
+        try:
+            done.set_result(self.take_now(terminal))
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+            done.set_exception(e)
+
+    def _regular(self, execution: ExecutionDriver) -> bool:
+        """Takes a regular snapshot; False when the thread is to end (the execution stopped,
+        or it failed because of the snapshot)."""
+        name = self.owner.name
+        try:
+            self.take_now()
+        except SnapshotWriteError:
+            return True  # counted and logged by take_now(); the job runs on
+        except RestartableError as e:
+            execution.fail(execution.tasklets[0] if execution.tasklets else None, e)
+            return False
+        except JobStateError:
+            return False
+        except BaseException as e:  # noqa: BLE001 - must reach the job, not vanish
+            log.exception("job %s: the snapshot thread failed", name)
+            error = SnapshotError(f"job '{name}': taking a snapshot failed: {e!r}")
+            error.__cause__ = e
+            execution.fail(execution.tasklets[0] if execution.tasklets else None, error)
+            return False
+        return True
+
+    def take_now(self, terminal: bool = False) -> CommitRecord:
         """Runs both phases of one snapshot of the current execution, in these steps:
 
         1. Take a new snapshot id (never reused) and open the snapshot's writer.
