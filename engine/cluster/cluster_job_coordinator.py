@@ -72,6 +72,7 @@ class ClusterJobCoordinator(JobCoordinator):
         self._rescale_timer: threading.Timer | None = None
         self._rescale_members: set[str] = set()
         self._rescaling = False  # a rescale is taking its snapshot or restarting the job
+        self._rescale_lock = threading.Lock()  # the rescale's timer and flag
         super().__init__(member, job_id, definition, config, submission_time)
         self._definition_bytes = cloudpickle.dumps(definition)
         self._attempt = 0
@@ -156,7 +157,7 @@ class ClusterJobCoordinator(JobCoordinator):
             members=[list(m) for m in members], member_index=index,
             coordinator=self.member.member_id, restore=rec.to_json() if rec is not None else None,
             restore_desc=desc, execution_count=self.execution_count,
-            skipped_damaged=list(damaged), accept_fallback=self._accept_fallback_once)
+            skipped_damaged=list(damaged), accept_fallback=self._accepts_fallback)
 
     def _discard(self, execution: Any) -> None:
         execution.cancel()
@@ -180,7 +181,7 @@ class ClusterJobCoordinator(JobCoordinator):
     # --- members come and go -----------------------------------------------------------------
 
     def running_execution(self) -> DistributedExecution | None:
-        execution = self._execution
+        execution = self.current_execution
         if isinstance(execution, DistributedExecution) and not execution.finished.is_set():
             return execution
         return None
@@ -192,9 +193,7 @@ class ClusterJobCoordinator(JobCoordinator):
         if execution is None or member_id not in execution.members:
             return
         if not self.config.auto_scaling and self.config.snapshots_enabled and not self.light:
-            with self._lock:
-                if self._stop_reason == StopReason.NONE:
-                    self._stop_reason = StopReason.SUSPEND
+            self._claim_stop(StopReason.SUSPEND)
             self.member.emit_event(self, f"member {member_id} left: suspended "
                                          "(auto_scaling=False)")
         execution.member_left(member_id)
@@ -209,7 +208,7 @@ class ClusterJobCoordinator(JobCoordinator):
         (so a group of members starting together costs one restart)."""
         if not self.config.auto_scaling or self.light or not member_ids:
             return
-        with self._lock:
+        with self._rescale_lock:
             if self._rescaling:
                 return  # the restart under way uses every member there when it starts
             if self._rescale_timer is not None:
@@ -227,10 +226,10 @@ class ClusterJobCoordinator(JobCoordinator):
         """Restarts the running job on the cluster's current members, from a terminal
         snapshot taken first (nothing is replayed that need not be). One rescale at a time;
         none when the execution changed meanwhile (a restart already uses the members)."""
-        with self._lock:
+        with self._rescale_lock:
             self._rescale_timer = None
-            execution = self._execution
-            if self.status != JobStatus.RUNNING or self._stop_reason != StopReason.NONE \
+            execution = self.current_execution
+            if self.status != JobStatus.RUNNING or self.is_stopping \
                     or self.deposed or self._rescaling or execution is None:
                 return
             self._rescaling = True
@@ -243,35 +242,29 @@ class ClusterJobCoordinator(JobCoordinator):
                 except Exception as e:  # noqa: BLE001 - restarts from its last snapshot instead
                     log.warning("job %s: the snapshot before rescaling failed (%s); restarting "
                                 "from the last one", self.name, e)
-            with self._lock:
-                if execution is not self._execution or execution.finished.is_set() \
-                        or self._stop_reason != StopReason.NONE:
-                    return  # it stopped or restarted meanwhile
-                self._stop_reason = StopReason.RESTART
+            if not self._claim_stop(StopReason.RESTART, execution):
+                return  # it stopped or restarted meanwhile
             execution.cancel()
         finally:
-            with self._lock:
+            with self._rescale_lock:
                 self._rescaling = False
 
     def abandon(self) -> None:
         """This member is no longer the cluster's coordinator: stops coordinating the job
         without writing anything (the new coordinator resumes it from its records)."""
         self.deposed = True
-        self._retry_stop.set()
-        with self._lock:
+        self._stop_retrying()
+        with self._rescale_lock:
             timer, self._rescale_timer = self._rescale_timer, None
-            self._stop_reason = StopReason.SHUTDOWN
-            execution = self._execution
         if timer is not None:
             timer.cancel()
-        if execution is not None:
-            execution.cancel()
+        self._stop_execution(StopReason.SHUTDOWN)
 
     def is_current(self, exec_key: str) -> bool:
         """Whether ``exec_key`` is the execution this coordinator prepares or runs."""
         if self.deposed or self.status.is_terminal or exec_key != self.current_exec_key:
             return False
-        execution = self._execution
+        execution = self.current_execution
         return not (isinstance(execution, DistributedExecution)
                     and execution.exec_key == exec_key and execution.finished.is_set())
 

@@ -23,11 +23,9 @@ from jetwake.snapshot.store.snapshot_store import (
 )
 from jetwake.engine.core.dag import DAG
 from jetwake.engine.core.errors import (
-    FallbackRefusedError, JobCancelledError, JobStateError, RestartableError, SnapshotError,
-    SnapshotWriteError, is_restartable_cause,
+    FallbackRefusedError, JobCancelledError, JobStateError, is_restartable_cause,
 )
 from jetwake.engine.execution.plan import PlanContext
-from jetwake.snapshot.protocol.fault_injection import crash_point
 from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
@@ -335,6 +333,12 @@ class JobCoordinator:
         self._finish(JobStatus.FAILED, error)
 
     # --- how an execution is made and run: a job of a cluster overrides these ----------------
+
+    @property
+    def _accepts_fallback(self) -> bool:
+        """The user accepted, for this start, duplicates from a fallback past a damaged
+        snapshot (resume(accept_at_least_once_on_fallback=True))."""
+        return self._accept_fallback_once
 
     def _prepare_execution(self, restore: str) -> tuple[Any, Any, str]:
         """Builds, initializes and restores an execution; returns it, the coordinator's side
@@ -649,6 +653,24 @@ class JobCoordinator:
         """Why the current execution is being stopped (NONE: it is not)."""
         with self._lock:
             return self._stop_reason
+
+    def _claim_stop(self, reason: StopReason,
+                    execution: ExecutionDriver | None = None) -> bool:
+        """Says why the current execution is being stopped, unless it is being stopped
+        already or (given ``execution``) ``execution`` is no longer the job's running one;
+        whether it was said. The caller stops the execution."""
+        with self._lock:
+            if self._stop_reason != StopReason.NONE:
+                return False
+            if execution is not None and (execution is not self._execution
+                                          or execution.finished.is_set()):
+                return False
+            self._stop_reason = reason
+            return True
+
+    def _stop_retrying(self) -> None:
+        """A restart waiting to retry gives up; none is tried again."""
+        self._retry_stop.set()
 
     def _stop_execution(self, reason: StopReason) -> ExecutionDriver | None:
         with self._lock:
