@@ -13,7 +13,7 @@ import cloudpickle
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from jetwake import FallbackRefusedError, JobConfig, Member, Pipeline, Sinks
+from jetwake import FallbackRefusedError, JobConfig, JobStatus, Member, Pipeline, Sinks
 from jetwake.engine.cluster.cluster_job_coordinator import _start_error
 from jetwake.engine.cluster.distributed_execution import MemberExecutionError
 from jetwake.engine.cluster.execution_participant import ExecutionParticipant
@@ -209,3 +209,49 @@ def _damage(m: Member, job_id: str, rec) -> None:
                         f"{proc}.bin")
     with open(path, "r+b") as f:
         f.write(b"\xff\xff\xff\xff")
+
+
+# --- one verdict on an execution's end -------------------------------------------------------
+
+
+class _FailOnce:
+    """A map function that raises ``error`` at its first item 500, then passes items."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.raised: list[int] = []  # the job runs this very object (its copy is only saved)
+
+    def __call__(self, item):
+        if item == 500 and not self.raised:
+            self.raised.append(item)
+            raise self.error
+        return item
+
+
+@pytest.mark.parametrize("error, restarts", [
+    (TRANSIENT, True), (ConnectionResetError("peer reset"), True), (FATAL, False),
+    (ValueError("user code"), False),
+], ids=["transient-kafka", "connection", "fatal-kafka", "user-code"])
+def test_a_processor_failing_restarts_the_job_by_the_same_verdict_as_a_cluster_member(
+        tmp_path, error, restarts):
+    fail_once = _FailOnce(error)
+    p = Pipeline()
+    p.read_from(counting_source(2000, per_call=100)).map(fail_once).write_to(Sinks.list("out"))
+    with Member(tmp_path) as m:
+        job = m.new_job(p, JobConfig(name="verdict", processing_guarantee="exactly_once",
+                                     snapshot_interval_ms=3_600_000))
+        if restarts:
+            job.join(60)
+            assert sorted(m.get_list("out")) == list(range(2000))
+            assert m.find_coordinator(job.id).restart_count == 1
+        else:
+            with pytest.raises(type(error)):
+                job.join(60)
+            assert job.status == JobStatus.FAILED
+        assert fail_once.raised == [500]
+        # the cluster's path: the member's report carries the same verdict
+        ended = ExecutionEnded(exec_key=KEY, member="m-b", cancelled=False,
+                               error=f"{type(error).__name__}: {error}",
+                               error_type=type(error).__name__,
+                               restartable=is_restartable_cause(error))
+        assert ended.restartable is restarts
