@@ -13,6 +13,11 @@ import time
 from jetwake.engine.cluster.distributed_execution import (
     DistributedExecution, DistributedSnapshot, MemberExecutionError,
 )
+from jetwake.engine.jobs.execution_messages import (
+    CompletePhase1, CompletePhase2, ExecutionMessage, Phase1Result, Phase2Result, StartSnapshot,
+)
+
+_KEY = "job.m-a.1.1"
 
 
 class _Members:
@@ -25,19 +30,21 @@ class _Members:
         self.release = threading.Event()
         self.calls: list[tuple[str, str]] = []
 
-    def call(self, member: str, method: str, args: list, timeout: float):
-        self.calls.append((member, method))
+    def call(self, member: str, message: ExecutionMessage, timeout: float):
+        self.calls.append((member, message.OP))
         if member in self.silent:
             if self.release.wait(timeout) and self.answer_when_released:
-                return True
-            raise TimeoutError(f"member {member} did not answer {method}")
-        if method == "exec.phase1":
-            return {"ok": False, "why": "the execution was stopped"}
-        return True
+                return Phase2Result(done=True)
+            raise TimeoutError(f"member {member} did not answer {message.OP}")
+        if isinstance(message, CompletePhase1):
+            return Phase1Result(ok=False, why="the execution was stopped")
+        if isinstance(message, CompletePhase2):
+            return Phase2Result(done=True)
+        return None  # an operation without a reply
 
 
 def _execution(members: _Members, names: list[str]) -> DistributedExecution:
-    return DistributedExecution("sums", "job.m-a.1.1", names, members.call,
+    return DistributedExecution("sums", _KEY, names, members.call,
                                 on_end=lambda ex: None, local_tasklets=lambda: [])
 
 
@@ -46,10 +53,11 @@ def test_a_call_to_a_member_whose_share_ended_is_not_waited_for() -> None:
     execution = _execution(members, ["m-a", "m-b", "m-c"])
     threading.Timer(0.2, execution.member_left, args=("m-c",)).start()
     began = time.monotonic()
-    results = execution.all_members("exec.phase2", [], 60.0)
+    results = execution.all_members(CompletePhase2(exec_key=_KEY, snapshot_id=3, success=True,
+                                                   timeout=60.0), 60.0)
     took = time.monotonic() - began
     members.release.set()
-    assert results["m-a"] is True and results["m-b"] is True
+    assert results["m-a"] == Phase2Result(done=True) == results["m-b"]
     assert isinstance(results["m-c"], MemberExecutionError)
     assert "ended before it answered exec.phase2" in str(results["m-c"])
     assert took < 10, f"waited {took:.1f} s for a member that had left"
@@ -60,7 +68,8 @@ def test_a_snapshot_gives_up_on_every_member_once_the_execution_is_stopped() -> 
     execution = _execution(members, ["m-a", "m-b", "m-c"])
     threading.Timer(0.2, execution.cancel).start()
     began = time.monotonic()
-    results = execution.all_members("exec.phase1", [], 60.0, while_running=True)
+    results = execution.all_members(CompletePhase1(exec_key=_KEY, snapshot_id=3, timeout=60.0),
+                                    60.0, while_running=True)
     took = time.monotonic() - began
     members.release.set()
     assert isinstance(results["m-b"], MemberExecutionError)
@@ -83,10 +92,10 @@ def test_phase_two_of_a_committed_snapshot_waits_for_members_still_running_it() 
 def test_an_answer_that_never_comes_times_out_naming_the_member_and_the_call() -> None:
     members = _Members(silent={"m-b"})
     execution = _execution(members, ["m-a", "m-b"])
-    futures = {m: execution.submit(members.call, m, "exec.snapshot", [], 5.0)
-               for m in execution.members}
+    request = StartSnapshot(exec_key=_KEY, snapshot_id=3, terminal=False)
+    futures = {m: execution.call(m, request, 5.0) for m in execution.members}
     results = execution.gather(futures, 0.3, "exec.snapshot")
     members.release.set()
-    assert results["m-a"] is True
+    assert results["m-a"] is None
     assert isinstance(results["m-b"], TimeoutError)
     assert "member m-b did not answer exec.snapshot within 0.3 s" in str(results["m-b"])

@@ -19,7 +19,7 @@ from jetwake import (
     AggregateOperations, JobConfig, JobStatus, Member, Pipeline, Processor,
     ProcessorMetaSupplier, RestartableError, Sink, Sinks, TestSources, WindowDefinition,
 )
-from jetwake.engine.jobs import job_coordinator
+from jetwake.engine.jobs import snapshot_driver
 from jetwake.engine.jobs.snapshot_history import SNAPSHOT_HISTORY, SnapshotHistory
 from jetwake.engine.server.dashboard import routes
 from jetwake.engine.server.metrics import MetricsServer
@@ -190,7 +190,7 @@ def _slow_pipeline() -> Pipeline:
 
 def test_the_snapshot_history_has_each_snapshot_with_its_phase_size_and_failure(
         member, http, monkeypatch):
-    monkeypatch.setattr(job_coordinator, "PHASE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(snapshot_driver, "PHASE_TIMEOUT_S", 0.5)
     HoldsSnapshots.hold = False
     p = Pipeline()
     p.read_from(TestSources.item_stream(100)).write_to(

@@ -94,7 +94,7 @@ def eo(name: str = "disk") -> JobConfig:
 def fill_until_snapshots_fail(disk: Disk, c, leave_pages: int = 0) -> None:
     """Fills the disk, between two snapshots, until snapshots fail for good (two in a row)."""
     for _ in range(20):
-        with c._snapshot_lock:  # not while a snapshot has half its files written
+        with c.snapshots.paused():  # not while a snapshot has half its files written
             disk.fill(leave_pages)
         failures, count = c.snapshot_failures, c.snapshot_count
         wait_until(lambda: c.snapshot_failures >= failures + 2 or c.snapshot_count > count,
@@ -113,7 +113,7 @@ def leftovers(data_dir: str, job_id: str, c) -> tuple[list[str], list[str]]:
     """Snapshot directories without a commit record, and temporary files, while no snapshot
     is being written."""
     base = os.path.join(data_dir, "jobs", job_id, "snapshots")
-    with c._snapshot_lock:  # no snapshot in progress while we look
+    with c.snapshots.paused():  # no snapshot in progress while we look
         uncommitted = [d for d in os.listdir(base)
                        if not os.path.exists(os.path.join(base, d, "COMMIT"))]
         tmp = [os.path.join(root, f) for root, _, files in os.walk(data_dir)

@@ -11,7 +11,7 @@ from jetwake import (
     FallbackRefusedError, JobConfig, JobStatus, Member, Pipeline, Processor, RestartableError,
     Sinks,
 )
-from jetwake.engine.jobs import job_coordinator
+from jetwake.engine.jobs import snapshot_driver
 from support.snapshot_fixtures import counting_source
 from support.waiting import wait_until
 
@@ -37,7 +37,7 @@ def _stuck_phase2_pipeline() -> Pipeline:
 
 
 def test_a_phase2_that_times_out_is_not_a_success(monkeypatch):
-    monkeypatch.setattr(job_coordinator, "PHASE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(snapshot_driver, "PHASE_TIMEOUT_S", 0.3)
     CommitsWhenAllowed.allowed = False
     with Member() as m:
         job = m.new_job(_stuck_phase2_pipeline(), JobConfig(
@@ -49,7 +49,7 @@ def test_a_phase2_that_times_out_is_not_a_success(monkeypatch):
 
 
 def test_a_phase2_timeout_in_the_periodic_snapshots_restarts_the_job(monkeypatch):
-    monkeypatch.setattr(job_coordinator, "PHASE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(snapshot_driver, "PHASE_TIMEOUT_S", 0.3)
     CommitsWhenAllowed.allowed = False
     with Member() as m:
         job = m.new_job(_stuck_phase2_pipeline(), JobConfig(

@@ -25,12 +25,15 @@ import cloudpickle
 from jetwake.engine.cluster.distributed_execution import (
     ClusterSnapshotWriter, DistributedExecution, DistributedSnapshot, MemberExecutionError,
 )
-from jetwake.engine.cluster.peer_network import PeerCallError, PeerUnreachableError
-from jetwake.engine.core.errors import RestartableError
-from jetwake.engine.jobs.job_config import JobConfig
-from jetwake.engine.jobs.job_coordinator import (
-    _STOP_NONE, _STOP_RESTART, _STOP_SHUTDOWN, _STOP_SUSPEND, JobCoordinator,
+from jetwake.engine.cluster.peer_network import PeerCallError
+from jetwake.engine.core.errors import (
+    FallbackRefusedError, RestartableError, is_restartable_cause,
 )
+from jetwake.engine.jobs.execution_messages import InitExecution
+from jetwake.engine.jobs.restore_plan import restore_candidates
+from jetwake.engine.jobs.job_config import JobConfig
+from jetwake.engine.jobs.job_coordinator import JobCoordinator
+from jetwake.engine.jobs.stop_reason import StopReason
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.jobs.job_records import JobRecord
 from jetwake.snapshot.store.snapshot_store import CommitRecord, SnapshotDamagedError
@@ -69,6 +72,7 @@ class ClusterJobCoordinator(JobCoordinator):
         self._rescale_timer: threading.Timer | None = None
         self._rescale_members: set[str] = set()
         self._rescaling = False  # a rescale is taking its snapshot or restarting the job
+        self._rescale_lock = threading.Lock()  # the rescale's timer and flag
         super().__init__(member, job_id, definition, config, submission_time)
         self._definition_bytes = cloudpickle.dumps(definition)
         self._attempt = 0
@@ -103,7 +107,7 @@ class ClusterJobCoordinator(JobCoordinator):
         self._check_quorum(len(members))
         self.store.remove_staging(self.job_id)
         damaged: list[str] = []
-        for rec, desc in self._restore_candidates(restore):
+        for rec, desc in restore_candidates(self.store, self.job_id, self.config, restore):
             self._attempt += 1
             # unique in the cluster: another coordinator of the same job (after a failover)
             # counts its executions from 1 again
@@ -113,29 +117,26 @@ class ClusterJobCoordinator(JobCoordinator):
             # _on_execution_end reads what a DistributedExecution has of an Execution (error,
             # error_tasklet); mypy infers no lambda with a default against a Callable[[], list]
             execution = DistributedExecution(
-                self.name, exec_key, [m for m, _ in members], cluster.call_member,
+                self.name, exec_key, [m for m, _ in members], cluster.call_execution,
                 self._on_execution_end,  # type: ignore[arg-type]
                 lambda key=exec_key: cluster.participant.tasklets_of_execution(key))  # type: ignore[misc]
             results = execution.all_members(
-                "exec.init", lambda index: self._init_args(exec_key, members, index, rec, desc),
+                lambda index: self._init_message(exec_key, members, index, rec, desc, damaged),
                 INIT_TIMEOUT_S)
             failed = {m: r for m, r in results.items() if isinstance(r, BaseException)}
             if failed:
                 execution.cancel()
-                damaged_on = [m for m, e in failed.items()
-                              if isinstance(e, PeerCallError)
-                              and e.remote_type == SnapshotDamagedError.__name__]
+                damaged_on = [m for m, e in failed.items() if _raised(e, SnapshotDamagedError)]
                 if rec is not None and damaged_on:
                     error = SnapshotDamagedError("; ".join(str(failed[m]) for m in damaged_on))
                     damaged.append(self._skip_damaged(rec, error, restore))
                     continue
+                refused = [e for e in failed.values() if _raised(e, FallbackRefusedError)]
+                if refused:
+                    if isinstance(refused[0], FallbackRefusedError):
+                        raise refused[0]
+                    raise FallbackRefusedError(str(refused[0])) from refused[0]
                 raise _start_error(self.name, failed)
-            try:
-                if damaged:
-                    self._check_fallback(execution.tasklets, damaged, desc)
-            except BaseException:
-                execution.cancel()
-                raise
             if rec is not None and rec.name is None:
                 self.last_snapshot = rec
             execution.on_member_lost = self._member_lost
@@ -146,13 +147,17 @@ class ClusterJobCoordinator(JobCoordinator):
             return execution, snapshot, desc if rec is not None else ""
         raise AssertionError("unreachable: the last candidate is a start without state")
 
-    def _init_args(self, exec_key: str, members: list[tuple[str, str]], index: int,
-                   rec: CommitRecord | None, desc: str) -> list:
-        """``exec.init``'s arguments for the member at ``index``."""
-        return [exec_key, self.job_id, self.name, self._definition_bytes, dict(vars(self.config)),
-                self._default_parallelism(), [list(m) for m in members], index,
-                self.member.member_id, rec.to_json() if rec is not None else None, desc,
-                self.execution_count]
+    def _init_message(self, exec_key: str, members: list[tuple[str, str]], index: int,
+                      rec: CommitRecord | None, desc: str, damaged: list[str]) -> InitExecution:
+        """What the member at ``index`` is asked to build, restore and initialize."""
+        return InitExecution(
+            exec_key=exec_key, job_id=self.job_id, job_name=self.name,
+            definition=self._definition_bytes, config=dict(vars(self.config)),
+            default_parallelism=self._default_parallelism(),
+            members=[list(m) for m in members], member_index=index,
+            coordinator=self.member.member_id, restore=rec.to_json() if rec is not None else None,
+            restore_desc=desc, execution_count=self.execution_count,
+            skipped_damaged=list(damaged), accept_fallback=self._accepts_fallback)
 
     def _discard(self, execution: Any) -> None:
         execution.cancel()
@@ -163,7 +168,7 @@ class ClusterJobCoordinator(JobCoordinator):
     def _execution_description(self, execution: Any) -> str:
         return f"on {len(execution.members)} member(s): {', '.join(execution.members)}"
 
-    def _new_snapshot_writer(self, snapshot_id: int, terminal: bool) -> ClusterSnapshotWriter:
+    def new_snapshot_writer(self, snapshot_id: int, terminal: bool) -> ClusterSnapshotWriter:
         return ClusterSnapshotWriter(self.store, self.job_id, self.name, snapshot_id, terminal,
                                      self.member.publish_commit_record)
 
@@ -176,7 +181,7 @@ class ClusterJobCoordinator(JobCoordinator):
     # --- members come and go -----------------------------------------------------------------
 
     def running_execution(self) -> DistributedExecution | None:
-        execution = self._execution
+        execution = self.current_execution
         if isinstance(execution, DistributedExecution) and not execution.finished.is_set():
             return execution
         return None
@@ -188,9 +193,7 @@ class ClusterJobCoordinator(JobCoordinator):
         if execution is None or member_id not in execution.members:
             return
         if not self.config.auto_scaling and self.config.snapshots_enabled and not self.light:
-            with self._lock:
-                if self._stop_reason == _STOP_NONE:
-                    self._stop_reason = _STOP_SUSPEND
+            self._claim_stop(StopReason.SUSPEND)
             self.member.emit_event(self, f"member {member_id} left: suspended "
                                          "(auto_scaling=False)")
         execution.member_left(member_id)
@@ -205,7 +208,7 @@ class ClusterJobCoordinator(JobCoordinator):
         (so a group of members starting together costs one restart)."""
         if not self.config.auto_scaling or self.light or not member_ids:
             return
-        with self._lock:
+        with self._rescale_lock:
             if self._rescaling:
                 return  # the restart under way uses every member there when it starts
             if self._rescale_timer is not None:
@@ -223,10 +226,10 @@ class ClusterJobCoordinator(JobCoordinator):
         """Restarts the running job on the cluster's current members, from a terminal
         snapshot taken first (nothing is replayed that need not be). One rescale at a time;
         none when the execution changed meanwhile (a restart already uses the members)."""
-        with self._lock:
+        with self._rescale_lock:
             self._rescale_timer = None
-            execution = self._execution
-            if self.status != JobStatus.RUNNING or self._stop_reason != _STOP_NONE \
+            execution = self.current_execution
+            if self.status != JobStatus.RUNNING or self.is_stopping \
                     or self.deposed or self._rescaling or execution is None:
                 return
             self._rescaling = True
@@ -239,53 +242,48 @@ class ClusterJobCoordinator(JobCoordinator):
                 except Exception as e:  # noqa: BLE001 - restarts from its last snapshot instead
                     log.warning("job %s: the snapshot before rescaling failed (%s); restarting "
                                 "from the last one", self.name, e)
-            with self._lock:
-                if execution is not self._execution or execution.finished.is_set() \
-                        or self._stop_reason != _STOP_NONE:
-                    return  # it stopped or restarted meanwhile
-                self._stop_reason = _STOP_RESTART
+            if not self._claim_stop(StopReason.RESTART, execution):
+                return  # it stopped or restarted meanwhile
             execution.cancel()
         finally:
-            with self._lock:
+            with self._rescale_lock:
                 self._rescaling = False
 
     def abandon(self) -> None:
         """This member is no longer the cluster's coordinator: stops coordinating the job
         without writing anything (the new coordinator resumes it from its records)."""
         self.deposed = True
-        self._retry_stop.set()
-        with self._lock:
+        self._stop_retrying()
+        with self._rescale_lock:
             timer, self._rescale_timer = self._rescale_timer, None
-            self._stop_reason = _STOP_SHUTDOWN
-            execution = self._execution
         if timer is not None:
             timer.cancel()
-        if execution is not None:
-            execution.cancel()
+        self._stop_execution(StopReason.SHUTDOWN)
 
     def is_current(self, exec_key: str) -> bool:
         """Whether ``exec_key`` is the execution this coordinator prepares or runs."""
         if self.deposed or self.status.is_terminal or exec_key != self.current_exec_key:
             return False
-        execution = self._execution
+        execution = self.current_execution
         return not (isinstance(execution, DistributedExecution)
                     and execution.exec_key == exec_key and execution.finished.is_set())
 
 
+def _raised(error: BaseException, cls: type[BaseException]) -> bool:
+    """Whether a member's call raised ``cls``: this member's own in-process, another's named
+    by the network's error."""
+    return isinstance(error, cls) or (isinstance(error, PeerCallError)
+                                      and error.remote_type == cls.__name__)
+
+
 def _start_error(job: str, failed: dict[str, BaseException]) -> BaseException:
     """The error a start that failed on some members raises: restartable when every failure
-    is (a member out of reach, a broker away), so the job retries with back-off."""
+    is, by the one verdict every path uses (is_restartable_cause; a member judges its own
+    error and the network carries the verdict), so the job retries with back-off."""
     text = "; ".join(f"member {m}: {e}" for m, e in failed.items())
-    restartable = all(isinstance(e, (PeerUnreachableError, RestartableError))
-                      or (isinstance(e, PeerCallError) and e.remote_type in _RESTARTABLE_TYPES)
-                      for e in failed.values())
+    restartable = all(is_restartable_cause(e) for e in failed.values())
     message = f"job '{job}' could not start on every member: {text}"
     return RestartableError(message) if restartable else MemberExecutionError(message)
-
-
-_RESTARTABLE_TYPES = {"RestartableError", "KafkaException", "OSError", "ConnectionError",
-                      "TimeoutError", "SnapshotWriteError", "NotCoordinatorError",
-                      "PeerUnreachableError"}
 
 
 class ClusterJobRecords:

@@ -36,6 +36,9 @@ from jetwake.engine.cluster.peer_network import PeerNetwork, PeerUnreachableErro
 from jetwake.engine.cluster.snapshot_data_topic import SnapshotDataTopic
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.jobs.job import Job
+from jetwake.engine.jobs.execution_messages import (
+    REQUESTS, ExecutionEnded, ExecutionMessage, ForgetJob, InitExecution, decode, decode_request,
+)
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_coordinator import JobCoordinator
 from jetwake.engine.jobs.member import Member, new_job_id
@@ -66,7 +69,10 @@ STALE_CHECK_ROUNDS = 1
 
 
 class NotCoordinatorError(JetwakeError):
-    """A job operation reached a member that does not coordinate the cluster's jobs."""
+    """A job operation reached a member that does not coordinate the cluster's jobs.
+    Restartable: the cluster is electing or has elected another coordinator."""
+
+    restartable = True
 
 
 class ClusterMember(Member):
@@ -299,21 +305,17 @@ class ClusterMember(Member):
     def _on_call(self, peer_id: str, method: str, args: list) -> Any:
         return self._dispatch(method, args)
 
+    def call_execution(self, member_id: str, message: ExecutionMessage,
+                       timeout: float) -> ExecutionMessage | None:
+        """Delivers an execution's request to a member (this one in-process, through the same
+        encoding) and decodes its reply (the ExecutionTransport of the job coordinators)."""
+        wire = self.call_member(member_id, message.OP, [message.to_wire()], timeout)
+        reply = getattr(type(message), "REPLY", None)
+        return None if reply is None else decode(reply, wire)
+
     def _dispatch(self, method: str, args: list) -> Any:
-        if method == "exec.init":  # the execution's members, where this one reports to
-            for member_id, address in args[6]:
-                self._addresses.setdefault(member_id, address)
-            coordinator, exec_key = args[8], args[0]
-            current = self.coordinator_id(refresh=True)
-            if not exec_key.startswith(LIGHT_PREFIX) and current is not None \
-                    and coordinator != current:
-                # a deposed coordinator (paused, cut off) must not start executions
-                raise NotCoordinatorError(
-                    f"member {self.member_id} refuses execution {exec_key} from {coordinator}: "
-                    f"that member is not the coordinator of cluster '{self.cluster_name}'")
-        handler = self.participant.calls.get(method)
-        if handler is not None:
-            return handler(*args)
+        if method in REQUESTS:
+            return self._serve_execution(decode_request(method, args))
         if method == "cluster.info":
             return self.local_info()
         if method == "cluster.is_current":
@@ -327,6 +329,22 @@ class ClusterMember(Member):
             frame, client = args
             return forward(frame, client)
         raise ValueError(f"unknown cluster call '{method}'")
+
+    def _serve_execution(self, message: ExecutionMessage) -> Any:
+        """Serves an execution's request; returns the encoded reply."""
+        if isinstance(message, InitExecution):  # the execution's members, where to report
+            for member_id, address in message.members:
+                self._addresses.setdefault(member_id, address)
+            current = self.coordinator_id(refresh=True)
+            if not message.exec_key.startswith(LIGHT_PREFIX) and current is not None \
+                    and message.coordinator != current:
+                # a deposed coordinator (paused, cut off) must not start executions
+                raise NotCoordinatorError(
+                    f"member {self.member_id} refuses execution {message.exec_key} from "
+                    f"{message.coordinator}: that member is not the coordinator of cluster "
+                    f"'{self.cluster_name}'")
+        reply = self.participant.handle(message)
+        return None if reply is None else reply.to_wire()
 
     def forward_request(self, frame: bytes, client: str, timeout: float,
                         target: str | None = None) -> bytes:
@@ -363,7 +381,8 @@ class ClusterMember(Member):
                 log.warning("member %s did not answer a request: %s", m, e)
         return out
 
-    def _report_end(self, coordinator: str, payload: dict) -> None:
+    def _report_end(self, coordinator: str, ended: ExecutionEnded) -> None:
+        payload = ended.to_wire()
         if coordinator == self.member_id:
             self._on_exec_ended(payload)
             return
@@ -375,13 +394,12 @@ class ClusterMember(Member):
             raise PeerUnreachableError(f"coordinator {coordinator} is gone")
         self.network.send(coordinator, address, "exec.ended", payload)  # type: ignore
 
-    def _on_exec_ended(self, payload: dict) -> None:
-        job_id = str(payload.get("exec_key", "")).split(".")[0]
-        c = self.find_coordinator(job_id)
-        execution = getattr(c, "_execution", None)
-        if isinstance(execution, DistributedExecution) \
-                and execution.exec_key == payload.get("exec_key"):
-            execution.member_ended(payload)
+    def _on_exec_ended(self, payload: Any) -> None:
+        ended = decode(ExecutionEnded, payload)
+        c = self.find_coordinator(ended.exec_key.split(".")[0])
+        execution = c.current_execution if c is not None else None
+        if isinstance(execution, DistributedExecution) and execution.exec_key == ended.exec_key:
+            execution.member_ended(ended)
 
     def _forget_job_everywhere(self, job_id: str) -> None:
         for m in self._known_members:
@@ -390,7 +408,7 @@ class ClusterMember(Member):
 
     def _forget_on(self, member_id: str, job_id: str) -> None:
         try:
-            self.call_member(member_id, "exec.forget_job", [job_id], 10.0)
+            self.call_execution(member_id, ForgetJob(job_id=job_id), 10.0)
         except Exception as e:  # noqa: BLE001 - leftovers on a member are only clutter
             log.debug("member %s did not drop the snapshots of job %s: %r", member_id,
                       job_id, e)

@@ -18,6 +18,7 @@ phases on every member, in parallel:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -27,6 +28,11 @@ from typing import Any, Callable
 
 from jetwake.engine.core.errors import JetwakeError, RestartableError
 from jetwake.engine.execution.execution_metrics import Counts, summed
+from jetwake.engine.jobs.execution_messages import (
+    CancelExecution, CompletePhase1, CompletePhase2, ExecutionEnded, ExecutionMessage,
+    ExecutionMetrics, ExecutionTransport, MemberCounts, Phase1Result, Phase2Result,
+    StartExecution, StartSnapshot,
+)
 from jetwake.snapshot.store.snapshot_store import (
     COMMIT_FILE, FORMAT_FRAMED, CommitRecord, SnapshotStore, write_atomically,
 )
@@ -49,13 +55,10 @@ class MemberExecutionError(JetwakeError):
     and the original error."""
 
 
-Call = Callable[[str, str, list, float], Any]
-
-
 class DistributedExecution:
     """One execution across ``members`` (ids, in member-index order)."""
 
-    def __init__(self, name: str, exec_key: str, members: list[str], call: Call,
+    def __init__(self, name: str, exec_key: str, members: list[str], call: ExecutionTransport,
                  on_end: Callable[["DistributedExecution"], None],
                  local_tasklets: Callable[[], list]) -> None:
         self.name = name
@@ -99,16 +102,20 @@ class DistributedExecution:
         """This member's processors of the execution (metrics look at them)."""
         return self._local_tasklets()
 
-    def all_members(self, method: str, args: "list | Callable[[int], list]",
+    def all_members(self, message: "ExecutionMessage | Callable[[int], ExecutionMessage]",
                     timeout: float, *, while_running: bool = False) -> dict[str, Any]:
-        """Calls ``method`` on every member in parallel (``args``, or ``args(member_index)``
-        when each member gets its own); member id -> result, or the exception it raised.
-        See :meth:`gather` for ``while_running``."""
-        futures: dict[str, Future] = {
-            m: self.submit(self._call, m, method, args(i) if callable(args) else args, timeout)
-            for i, m in enumerate(self.members)}
-        return self.gather(futures, timeout + _CALL_MARGIN_S, method,
-                           while_running=while_running)
+        """Sends ``message`` to every member in parallel (or ``message(member_index)`` when
+        each member gets its own); member id -> reply, or the exception it raised. See
+        :meth:`gather` for ``while_running``."""
+        messages = {m: message(i) if callable(message) else message
+                    for i, m in enumerate(self.members)}
+        futures = {m: self.call(m, msg, timeout) for m, msg in messages.items()}
+        op = next(iter(messages.values())).OP if messages else ""
+        return self.gather(futures, timeout + _CALL_MARGIN_S, op, while_running=while_running)
+
+    def call(self, member: str, message: ExecutionMessage, timeout: float) -> Future:
+        """Sends ``message`` to one member on the execution's threads."""
+        return self.submit(self._call, member, message, timeout)
 
     def gather(self, futures: dict[str, Future], timeout: float, what: str, *,
                while_running: bool = False) -> dict[str, Any]:
@@ -157,25 +164,29 @@ class DistributedExecution:
             parts = list(self._final_counts.values())
             ask = [m for m in self.members if m not in self._final_counts
                    and m in self._remaining]
-        futures = {m: self.submit(self._call, m, "exec.metrics", [self.exec_key],
-                                  _METRICS_TIMEOUT_S) for m in ask}
-        for m, r in self.gather(futures, _METRICS_TIMEOUT_S, "exec.metrics").items():
-            if isinstance(r, BaseException):
-                with self._lock:
-                    r = self._final_counts.get(m, r)  # it ended meanwhile
-                if isinstance(r, BaseException):
-                    log.warning("%s: metrics without member %s's share: %s", self.exec_key, m, r)
-                    continue
-            parts.append(r)
+        request = ExecutionMetrics(exec_key=self.exec_key)
+        futures = {m: self.call(m, request, _METRICS_TIMEOUT_S) for m in ask}
+        for m, r in self.gather(futures, _METRICS_TIMEOUT_S, request.OP).items():
+            if isinstance(r, MemberCounts):
+                parts.append(r.counts)
+                continue
+            with self._lock:
+                counts = self._final_counts.get(m)  # it ended meanwhile
+            if counts is None:
+                log.warning("%s: metrics without member %s's share: %s", self.exec_key, m, r)
+                continue
+            parts.append(counts)
         return summed(parts)
 
     def start(self) -> None:
         """Starts every member's share; a member that cannot start fails the execution."""
-        for m, result in self.all_members("exec.start", [self.exec_key], 30.0).items():
+        results = self.all_members(StartExecution(exec_key=self.exec_key), 30.0)
+        for m, result in results.items():
             if isinstance(result, BaseException):
-                self.member_ended({"member": m, "error": f"{type(result).__name__}: {result}",
-                                   "error_type": type(result).__name__, "restartable": True,
-                                   "error_tasklet": None, "cancelled": False})
+                self.member_ended(ExecutionEnded(
+                    exec_key=self.exec_key, member=m, cancelled=False,
+                    error=f"{type(result).__name__}: {result}",
+                    error_type=type(result).__name__, restartable=True))
 
     def fail(self, tasklet: Any, error: BaseException) -> None:
         with self._lock:
@@ -195,7 +206,7 @@ class DistributedExecution:
 
     def _cancel_on(self, member: str) -> None:
         try:
-            self._call(member, "exec.cancel", [self.exec_key], 10.0)
+            self._call(member, CancelExecution(exec_key=self.exec_key), 10.0)
         except Exception as e:  # noqa: BLE001 - a member out of reach ends by itself
             log.warning("cancelling %s on member %s failed: %s", self.exec_key, member, e)
             if getattr(e, "restartable", False):
@@ -207,30 +218,30 @@ class DistributedExecution:
                 else:
                     self.member_left(member)
 
-    def member_ended(self, info: dict) -> None:
+    def member_ended(self, ended: ExecutionEnded) -> None:
         """A member's share ended (reported by the member, or decided here when the member is
         gone)."""
-        member = info["member"]
+        member = ended.member
         error = None
-        if info.get("cancelled") and not info.get("error") and not self.cancelled:
+        if ended.cancelled and not ended.error and not self.cancelled:
             # stopped on the member's side (it is shutting down): the job must run again
-            info = {**info, "error": "its share of the execution was stopped",
-                    "restartable": True}
-        if info.get("error"):
-            where = f" in {info['error_tasklet']}" if info.get("error_tasklet") else ""
-            text = f"on member {member}{where}: {info['error']}"
-            error = RestartableError(text) if info.get("restartable") \
+            ended = dataclasses.replace(ended, error="its share of the execution was stopped",
+                                        restartable=True)
+        if ended.error:
+            where = f" in {ended.error_tasklet}" if ended.error_tasklet else ""
+            text = f"on member {member}{where}: {ended.error}"
+            error = RestartableError(text) if ended.restartable \
                 else MemberExecutionError(text)
         with self._lock:
             if member not in self._remaining:
                 return
-            if info.get("metrics") is not None:
-                self._final_counts[member] = info["metrics"]
+            if ended.metrics is not None:
+                self._final_counts[member] = ended.metrics
             self._remaining.discard(member)
             if error is not None and self.error is None and not self.cancelled:
                 self.error = error
-                self.error_tasklet = info.get("error_tasklet") or f"member {member}"
-            first_stop = (error is not None or info.get("cancelled")) and not self.cancelled
+                self.error_tasklet = ended.error_tasklet or f"member {member}"
+            first_stop = (error is not None or ended.cancelled) and not self.cancelled
             last = not self._remaining
         if first_stop:
             self.cancel()
@@ -241,9 +252,9 @@ class DistributedExecution:
 
     def member_left(self, member: str) -> None:
         """A member of the execution left the cluster: its share is gone."""
-        self.member_ended({"member": member, "restartable": True, "cancelled": False,
-                           "error": f"member {member} left the cluster",
-                           "error_tasklet": None})
+        self.member_ended(ExecutionEnded(
+            exec_key=self.exec_key, member=member, cancelled=False, restartable=True,
+            error=f"member {member} left the cluster"))
 
 
 class ClusterSnapshotWriter:
@@ -293,8 +304,8 @@ class DistributedSnapshot:
         self._writer = writer
         self.phase1_failure = None
         ex = self.execution
-        results = ex.all_members("exec.snapshot", [ex.exec_key, snapshot_id, terminal], 30.0,
-                                 while_running=True)
+        results = ex.all_members(StartSnapshot(exec_key=ex.exec_key, snapshot_id=snapshot_id,
+                                               terminal=terminal), 30.0, while_running=True)
         failed = {m: r for m, r in results.items() if isinstance(r, BaseException)}
         if failed:
             self.phase1_failure = "; ".join(f"{m}: {e}" for m, e in failed.items())
@@ -307,38 +318,37 @@ class DistributedSnapshot:
                         self.execution.name, self.phase1_failure)
             return False
         ex = self.execution
-        results = ex.all_members("exec.phase1", [ex.exec_key, snapshot_id, timeout], timeout,
-                                 while_running=True)
+        results = ex.all_members(CompletePhase1(exec_key=ex.exec_key, snapshot_id=snapshot_id,
+                                                timeout=timeout), timeout, while_running=True)
         writer = self._writer
         ok = True
         for m, r in results.items():
-            if isinstance(r, BaseException) or not r.get("ok"):
+            if not isinstance(r, Phase1Result) or not r.ok or r.part is None:
                 ok = False
-                why = r if isinstance(r, BaseException) else r.get("why")
+                why = r.why if isinstance(r, Phase1Result) else r
                 log.warning("snapshot %d of %s: phase 1 failed on member %s: %s", snapshot_id,
                             ex.name, m, why)
                 continue
             if writer is not None:
-                writer.add_part(m, CommitRecord.from_json(r["part"]), r.get("refs") or {})
+                writer.add_part(m, CommitRecord.from_json(r.part), r.refs)
         return ok and not cancelled()
 
     def start_phase2(self, snapshot_id: int, success: bool) -> None:
         ex = self.execution
         self._writer = None
-        self._phase2 = {m: ex.submit(ex._call, m, "exec.phase2",
-                                           [ex.exec_key, snapshot_id, success, _PHASE2_S],
-                                           _PHASE2_S)
-                        for m in ex.members}
+        request = CompletePhase2(exec_key=ex.exec_key, snapshot_id=snapshot_id,
+                                 success=success, timeout=_PHASE2_S)
+        self._phase2 = {m: ex.call(m, request, _PHASE2_S) for m in ex.members}
 
     def wait_phase2(self, snapshot_id: int, timeout: float,
                     cancelled: Callable[[], bool]) -> bool:
         futures, self._phase2 = self._phase2 or {}, None
         # a member whose share ended is not waited for: a committed snapshot's phase 2 is
         # completed by the restore of the next execution
-        results = self.execution.gather(futures, timeout, "exec.phase2")
+        results = self.execution.gather(futures, timeout, CompletePhase2.OP)
         ok = True
         for m, r in results.items():
-            if isinstance(r, BaseException) or not r:
+            if not isinstance(r, Phase2Result) or not r.done:
                 log.warning("snapshot %d of %s: phase 2 failed on member %s: %s", snapshot_id,
                             self.execution.name, m, r)
                 ok = False

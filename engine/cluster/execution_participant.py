@@ -32,14 +32,19 @@ from typing import TYPE_CHECKING, Any, Callable
 import cloudpickle
 
 from jetwake.engine.core.errors import RestartableError, is_restartable_cause
+from jetwake.engine.jobs.execution_messages import (
+    CancelExecution, CompletePhase1, CompletePhase2, ExecutionEnded, ExecutionMessage,
+    ExecutionMetrics, ForgetJob, InitExecution, Initialized, MemberCounts, Phase1Result,
+    Phase2Result, StartExecution, StartSnapshot,
+)
+from jetwake.engine.jobs.member_share import close_quietly, prepare_share
 from jetwake.engine.execution.execution_metrics import Counts
 from jetwake.engine.execution.execution_service import Execution
-from jetwake.engine.execution.plan import PlanContext, build_tasklets
+from jetwake.engine.execution.plan import PlanContext
 from jetwake.engine.cluster.snapshot_data_topic import files_under
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_coordinator import compile_definition, state_factory
 from jetwake.snapshot.protocol.fault_injection import crash_point
-from jetwake.snapshot.protocol.restore import restore_state
 from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 from jetwake.snapshot.store.snapshot_store import CommitRecord, SnapshotWriter
 
@@ -92,7 +97,7 @@ class ExecutionParticipant:
     delivers an execution's end to the member that coordinates it."""
 
     def __init__(self, member: "Member", member_id: str, edges: "EdgeTransport",
-                 report: Callable[[str, dict], None],
+                 report: Callable[[str, ExecutionEnded], None],
                  share_part: Callable[[str, list[str], str], dict] | None = None) -> None:
         self.member = member
         self.member_id = member_id
@@ -105,12 +110,16 @@ class ExecutionParticipant:
         # executions that ended lately: a snapshot in progress still completes on them
         self._recently_ended: dict[str, _LocalExecution] = {}
         self._lock = threading.Lock()
-        self.calls: dict[str, Callable[..., Any]] = {
-            "exec.init": self.init, "exec.start": self.start, "exec.snapshot": self.snapshot,
-            "exec.phase1": self.phase1, "exec.phase2": self.phase2,
-            "exec.cancel": self.cancel, "exec.forget_job": self.forget_job,
-            "exec.metrics": self.metrics,
+        self._handlers: dict[type, Callable[[Any], ExecutionMessage | None]] = {
+            InitExecution: self.init, StartExecution: self.start, StartSnapshot: self.snapshot,
+            CompletePhase1: self.phase1, CompletePhase2: self.phase2,
+            CancelExecution: lambda m: self.cancel(m.exec_key),
+            ForgetJob: lambda m: self.forget_job(m.job_id), ExecutionMetrics: self.metrics,
         }
+
+    def handle(self, message: ExecutionMessage) -> ExecutionMessage | None:
+        """Serves one request of the job's coordinator; returns the reply."""
+        return self._handlers[type(message)](message)
 
     def _get(self, exec_key: str) -> _LocalExecution:
         with self._lock:
@@ -132,21 +141,24 @@ class ExecutionParticipant:
 
     # --- the calls ---------------------------------------------------------------------------
 
-    def init(self, exec_key: str, job_id: str, job_name: str, definition: bytes, config: dict,
-             default_parallelism: int, members: list, member_index: int, coordinator: str,
-             restore: str | None, restore_desc: str, execution_count: int) -> dict:
-        """Builds, restores and initializes this member's processors (see the module doc)."""
-        cfg = JobConfig.from_dict(config)
-        dag = compile_definition(cloudpickle.loads(definition), default_parallelism)
-        members = [tuple(m) for m in members]
-        ex = _LocalExecution(exec_key, job_id, job_name, coordinator, cfg)
+    def init(self, msg: InitExecution) -> Initialized:
+        """Builds, initializes and restores this member's processors (see the module doc).
+        A damaged snapshot raises SnapshotDamagedError (the coordinator tries an older one);
+        a fallback past one that could duplicate output raises FallbackRefusedError, after
+        the processors are initialized and before any state is restored into them."""
+        cfg = JobConfig.from_dict(msg.config)
+        exec_key, job_id, job_name = msg.exec_key, msg.job_id, msg.job_name
+        default_parallelism, member_index = msg.default_parallelism, msg.member_index
+        dag = compile_definition(cloudpickle.loads(msg.definition), default_parallelism)
+        members = [(str(m[0]), str(m[1])) for m in msg.members]
+        ex = _LocalExecution(exec_key, job_id, job_name, msg.coordinator, cfg)
         store = self.member.snapshot_store
-        rec = CommitRecord.from_json(restore) if restore else None
+        rec = CommitRecord.from_json(msg.restore) if msg.restore else None
         reader = store.reader(rec) if rec is not None else None
         if reader is not None:
             reader.verify()  # raises SnapshotDamagedError: the coordinator tries an older one
         restored_id = rec.snapshot_id if rec is not None and rec.name is None else -1
-        snapshot = SnapshotContext(restored_id, store.staging_dir(job_id, execution_count)) \
+        snapshot = SnapshotContext(restored_id, store.staging_dir(job_id, msg.execution_count)) \
             if cfg.snapshots_enabled else None
         ctx = PlanContext(
             job_id=job_id, job_name=job_name, processing_guarantee=cfg.processing_guarantee,
@@ -156,20 +168,10 @@ class ExecutionParticipant:
             state_backend=cfg.state_backend,
             snapshot_interval_ms=cfg.snapshot_interval_ms if cfg.snapshots_enabled else 0,
             remote=_RemoteEnds(self.edges, exec_key, members) if len(members) > 1 else None)
-        tasklets = build_tasklets(dag, ctx)
-        initialized = []
         try:
-            for t in tasklets:
-                initialized.append(t)
-                t.init()
-            if reader is not None:
-                restore_state(tasklets, reader, restore_desc)
+            tasklets = prepare_share(dag, ctx, cfg, reader, msg.restore_desc,
+                                     msg.skipped_damaged, msg.accept_fallback)
         except BaseException:
-            for t in initialized:
-                try:
-                    t.close()
-                except Exception:  # noqa: BLE001 - the first error is the one to report
-                    log.exception("closing %s after a failed start", t.name)
             self.edges.release(exec_key)
             self._remove_state(job_id, exec_key)
             raise
@@ -179,17 +181,19 @@ class ExecutionParticipant:
             snapshot.attach(tasklets)
         with self._lock:
             self._executions[exec_key] = ex
-        return {"processors": len(tasklets)}
+        return Initialized(processors=len(tasklets))
 
-    def start(self, exec_key: str) -> None:
-        ex = self._get(exec_key)
+    def start(self, msg: StartExecution) -> None:
+        """Runs the initialized share on the member's execution service."""
+        ex = self._get(msg.exec_key)
         ex.started = True
         service = self.member.execution_service
         assert service is not None and ex.execution is not None  # a started member, prepared
         service.submit(ex.execution)
 
-    def snapshot(self, exec_key: str, snapshot_id: int, terminal: bool) -> None:
-        """Starts phase 1 of snapshot ``snapshot_id`` on this member."""
+    def snapshot(self, msg: StartSnapshot) -> None:
+        """Starts phase 1 of the snapshot on this member."""
+        exec_key, snapshot_id, terminal = msg.exec_key, msg.snapshot_id, msg.terminal
         ex = self._get(exec_key)
         if ex.snapshot is None:
             raise RestartableError(f"execution {exec_key} takes no snapshots")
@@ -198,16 +202,17 @@ class ExecutionParticipant:
         ex.writer = writer
         ex.snapshot.request(snapshot_id, writer, terminal)
 
-    def phase1(self, exec_key: str, snapshot_id: int, timeout: float) -> dict:
+    def phase1(self, msg: CompletePhase1) -> Phase1Result:
         """Waits for this member's phase 1; then syncs its part of the snapshot and shares
-        it. ``{"ok": False}`` when it did not complete in time or the execution stopped."""
-        ex = self._get(exec_key)
+        it. Not ``ok`` when it did not complete in time or the execution stopped."""
+        snapshot_id, timeout = msg.snapshot_id, msg.timeout
+        ex = self._get(msg.exec_key)
         execution, snap, writer = ex.execution, ex.snapshot, ex.writer
         assert execution is not None  # prepared
         if snap is None or writer is None or writer.record.snapshot_id != snapshot_id:
-            return {"ok": False, "why": f"snapshot {snapshot_id} was not requested here"}
+            return Phase1Result(ok=False, why=f"snapshot {snapshot_id} was not requested here")
         if not snap.wait_phase1(snapshot_id, timeout, lambda: execution.cancelled):
-            return {"ok": False, "why": f"phase 1 did not complete on {self.member_id}"}
+            return Phase1Result(ok=False, why=f"phase 1 did not complete on {self.member_id}")
         crash_point("member-phase1")
         part = writer.finish_part()
         refs: dict = {}
@@ -216,16 +221,17 @@ class ExecutionParticipant:
             if paths:
                 refs = self._share_part(writer.directory, paths,
                                         f"{ex.job_id}/{snapshot_id}/{self.member_id}")
-        return {"ok": True, "part": part.to_json(), "refs": refs}
+        return Phase1Result(ok=True, part=part.to_json(), refs=refs)
 
-    def phase2(self, exec_key: str, snapshot_id: int, success: bool, timeout: float) -> bool:
-        """Commits (or rolls back) this member's part; True when every processor finished
+    def phase2(self, msg: CompletePhase2) -> Phase2Result:
+        """Commits (or rolls back) this member's part; done when every processor finished
         phase 2 in time."""
-        ex = self._get(exec_key)
+        snapshot_id, success = msg.snapshot_id, msg.success
+        ex = self._get(msg.exec_key)
         snap, execution = ex.snapshot, ex.execution
         assert execution is not None  # prepared
         if snap is None:
-            return True
+            return Phase2Result(done=True)
         if success:
             crash_point("member-before-phase2")
         writer, ex.writer = ex.writer, None
@@ -233,13 +239,13 @@ class ExecutionParticipant:
         crash_point("member-phase2")
         if not success and writer is not None and writer.record.snapshot_id == snapshot_id:
             writer.abort()
-        done = snap.wait_phase2(snapshot_id, timeout, lambda: execution.cancelled)
+        done = snap.wait_phase2(snapshot_id, msg.timeout, lambda: execution.cancelled)
         if success:
             # the previous snapshot stays (a restore may fall back to it), older ones go
             remove = getattr(self.member.snapshot_store, "remove_local_before", None)
             if remove is not None:
                 remove(ex.job_id, snapshot_id - 1)
-        return done
+        return Phase2Result(done=done)
 
     def cancel(self, exec_key: str) -> None:
         with self._lock:
@@ -250,20 +256,17 @@ class ExecutionParticipant:
             # initialized but never started: close here, nothing else will
             with self._lock:
                 self._executions.pop(exec_key, None)
-            for t in ex.execution.tasklets:
-                try:
-                    t.close()
-                except Exception:  # noqa: BLE001
-                    log.exception("closing %s", t.name)
+            close_quietly(ex.execution.tasklets)
             self.edges.release(exec_key)
             self._remove_state(ex.job_id, exec_key)
             return
         ex.execution.cancel()
 
-    def metrics(self, exec_key: str) -> Counts:
+    def metrics(self, msg: ExecutionMetrics) -> MemberCounts:
         """What this member's processors of an execution counted."""
-        ex = self._get(exec_key)
-        return {} if ex.execution is None else ex.execution.metrics()
+        ex = self._get(msg.exec_key)
+        counts: Counts = {} if ex.execution is None else ex.execution.metrics()
+        return MemberCounts(counts=counts)
 
     def forget_job(self, job_id: str) -> None:
         """The job ended for good: drops this member's copies of its snapshots."""
@@ -288,16 +291,14 @@ class ExecutionParticipant:
         err = execution.error if execution is not None else None
         self.edges.release(ex.exec_key)
         self._remove_state(ex.job_id, ex.exec_key)
-        payload = {
-            "exec_key": ex.exec_key, "member": self.member_id,
-            "cancelled": bool(execution.cancelled) if execution is not None else True,
-            "error": None if err is None else f"{type(err).__name__}: {err}",
-            "error_type": None if err is None else type(err).__name__,
-            "restartable": err is not None and (isinstance(err, RestartableError)
-                                                or is_restartable_cause(err)),
-            "error_tasklet": execution.error_tasklet if execution is not None else None,
-            "metrics": execution.metrics() if execution is not None else None,
-        }
+        payload = ExecutionEnded(
+            exec_key=ex.exec_key, member=self.member_id,
+            cancelled=bool(execution.cancelled) if execution is not None else True,
+            error=None if err is None else f"{type(err).__name__}: {err}",
+            error_type=None if err is None else type(err).__name__,
+            restartable=err is not None and is_restartable_cause(err),
+            error_tasklet=execution.error_tasklet if execution is not None else None,
+            metrics=execution.metrics() if execution is not None else None)
         try:
             self._report(ex.coordinator, payload)
         except Exception:  # noqa: BLE001 - the coordinator notices the member otherwise

@@ -20,7 +20,9 @@ serialization, so tuples, datetimes and registered classes survive and bytes (a 
 the caller serialized itself) pass through untouched. Nothing from a peer is ever unpickled.
 
 - a call: ``[TAG_CALL, call_id, method, args]``, answered by
-  ``[TAG_REPLY, call_id, True, result]`` or ``[TAG_REPLY, call_id, False, [type, message]]``;
+  ``[TAG_REPLY, call_id, True, result]`` or
+  ``[TAG_REPLY, call_id, False, [type, message, restartable]]`` (the called member's verdict
+  on its own error, :func:`is_restartable_cause`: the caller never judges an error by name);
 - a one-way message: ``[TAG_MESSAGE, kind, payload]``;
 - edge packets and acks: see ``engine/cluster/network_edges.py``.
 """
@@ -40,7 +42,7 @@ from typing import Any, Callable
 from jetwake.engine.cluster.network_edges import (PACKET_TARGET_BYTES, TAG_ACKS, TAG_PACKET,
                                                   EdgeTransport)
 from jetwake.engine.cluster.peer_link import PeerLink, PeerRefusedError, accept_peer, connect_peer
-from jetwake.engine.core.errors import JetwakeError
+from jetwake.engine.core.errors import JetwakeError, is_restartable_cause
 from jetwake.engine.core.serialization import dumps, loads
 from jetwake.engine.net.framing import FRAME_MAX_BYTES
 
@@ -65,12 +67,13 @@ _LEN = struct.Struct(">I")
 
 class PeerCallError(JetwakeError):
     """The peer's handler raised: ``remote_type`` is its exception's type name, the message
-    names the member and the method."""
+    names the member and the method, ``restartable`` is the peer's verdict on its error."""
 
-    def __init__(self, remote_type: str, message: str) -> None:
+    def __init__(self, remote_type: str, message: str, restartable: bool = False) -> None:
         super().__init__(message)
         self.remote_type = remote_type
         self.message = message
+        self.restartable = restartable
 
 
 class PeerUnreachableError(JetwakeError):
@@ -328,10 +331,10 @@ class _Connection:
             if ok:
                 call.result = value
             else:
-                remote_type, text = value
+                remote_type, text, restartable = value
                 call.error = PeerCallError(
                     remote_type, f"call '{call.method}' on member {self.peer_id} raised "
-                                 f"{remote_type}: {text}")
+                                 f"{remote_type}: {text}", bool(restartable))
             call.done.set()
         elif tag == TAG_CALL:
             _, call_id, method, args = message
@@ -670,7 +673,8 @@ class PeerNetwork:
             body = dumps([TAG_REPLY, call_id, True, handler(conn.peer_id, method, args)])
         except Exception as e:  # noqa: BLE001 - the caller gets it as a PeerCallError
             log.debug("call '%s' from member %s raised %r", method, conn.peer_id, e)
-            body = dumps([TAG_REPLY, call_id, False, [type(e).__name__, str(e)]])
+            body = dumps([TAG_REPLY, call_id, False,
+                          [type(e).__name__, str(e), is_restartable_cause(e)]])
         if not conn.closed:
             conn.enqueue_frame(body)
 

@@ -16,24 +16,26 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from jetwake.engine.jobs.job_records import JobRecord
+from jetwake.engine.jobs.member_share import close_quietly, prepare_share
+from jetwake.engine.jobs.restore_plan import damaged_export_error, restore_candidates
 from jetwake.snapshot.store.snapshot_store import (
     CommitRecord, SnapshotDamagedError,
 )
 from jetwake.engine.core.dag import DAG
 from jetwake.engine.core.errors import (
-    FallbackRefusedError, JobCancelledError, JobStateError, RestartableError, SnapshotError,
-    SnapshotNotFoundError, SnapshotWriteError, is_restartable_cause,
+    FallbackRefusedError, JobCancelledError, JobStateError, is_restartable_cause,
 )
-from jetwake.engine.execution.plan import PlanContext, build_tasklets
-from jetwake.snapshot.protocol.fault_injection import crash_point
+from jetwake.engine.execution.plan import PlanContext
 from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
+from jetwake.engine.jobs.execution_driver import ExecutionDriver, SnapshotCommit, SnapshotPhases
+from jetwake.engine.jobs.snapshot_driver import SnapshotDriver
 from jetwake.engine.jobs.snapshot_history import SnapshotHistory
+from jetwake.engine.jobs.stop_reason import StopReason
 from jetwake.engine.execution.execution_metrics import StageMetrics, stage_counts, vertex_counts
 from jetwake.engine.pipeline.fusion import fused_stage_of
 from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
-from jetwake.snapshot.protocol.restore import restore_state
 from jetwake.snapshot.state.keyed_state import in_memory_state_factory
 from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
 
@@ -44,8 +46,6 @@ __all__ = ["JobCoordinator", "compile_definition", "state_factory"]
 
 log = logging.getLogger("jetwake.job")
 
-PHASE_TIMEOUT_S = 120.0
-
 # a start that fails for a restartable cause is tried again after 0.5 s, 1 s, 2 s, ... up to
 # this much between attempts, until it succeeds, the job is cancelled or the member shuts down
 RESTART_BACKOFF_FIRST_S = 0.5
@@ -53,8 +53,6 @@ RESTART_BACKOFF_MAX_S = 30.0
 # failed attempts beyond the first three are logged at most this often (each is still an event)
 _RETRY_LOG_EVERY_S = 60.0
 
-# why the current execution is being stopped
-_STOP_NONE, _STOP_CANCEL, _STOP_SUSPEND, _STOP_RESTART, _STOP_SHUTDOWN = range(5)
 
 
 def compile_definition(definition: Any, default_parallelism: int) -> DAG:
@@ -98,23 +96,18 @@ class JobCoordinator:
         self.status = JobStatus.NOT_RUNNING
         self.error: BaseException | None = None
         self.failure_text: str | None = None
-        self.last_snapshot: CommitRecord | None = None
-        self.snapshot_count = 0
         self.restart_count = 0
-        self._execution: Execution | None = None
+        self._execution: ExecutionDriver | None = None
         self.execution_count = 0  # executions started so far
-        self._snapshot: SnapshotContext | None = None
-        self._stop_reason = _STOP_NONE
+        self._snapshot: SnapshotPhases | None = None
+        self._stop_reason = StopReason.NONE
         self._lock = threading.RLock()
-        self._snapshot_lock = threading.Lock()
         self._record_lock = threading.Lock()
         self._state_changed = threading.Condition(self._lock)
         self._ended = threading.Event()
-        self._snapshotter: threading.Thread | None = None
         self._accept_fallback_once = False
-        self.snapshot_failures = 0  # snapshots that could not be written (metric)
-        self.last_snapshot_error: str | None = None
-        self.snapshot_history = SnapshotHistory()  # the latest snapshots' outcomes
+        #: takes the job's snapshots (regular, terminal, exported), one at a time
+        self.snapshots = SnapshotDriver(self)
         # why the job record on disk is out of date (None: it is current)
         self.record_error: str | None = None
         self.restart_attempts = 0  # start attempts of the restart in progress
@@ -259,10 +252,10 @@ class JobCoordinator:
         with self._lock:
             # a cancel, suspend or member shutdown may have come while the processors were
             # built; a restart asked for meanwhile is this start
-            if self._stop_reason == _STOP_RESTART:
-                self._stop_reason = _STOP_NONE
+            if self._stop_reason == StopReason.RESTART:
+                self._stop_reason = StopReason.NONE
             reason = self._stop_reason
-            if reason == _STOP_NONE:
+            if reason == StopReason.NONE:
                 self._execution = execution
                 self._snapshot = snapshot
                 self.execution_count += 1
@@ -273,13 +266,13 @@ class JobCoordinator:
                 self.restart_attempts = 0
                 self.status = JobStatus.RUNNING
                 self._state_changed.notify_all()
-        if reason != _STOP_NONE:
+        if reason != StopReason.NONE:
             self._discard(execution)
             self._remove_state_dirs()
-            if reason == _STOP_CANCEL:
+            if reason == StopReason.CANCEL:
                 self._finish_cancelled()
                 raise JobCancelledError(f"job '{self.name}' was cancelled while starting")
-            if reason == _STOP_SUSPEND:
+            if reason == StopReason.SUSPEND:
                 self._set_status(JobStatus.SUSPENDED)
                 return
             self._set_status(JobStatus.NOT_RUNNING)
@@ -290,10 +283,7 @@ class JobCoordinator:
                  f", restored from {desc}" if desc else "")
         self._launch(execution)
         if snapshot is not None:
-            self._snapshotter = threading.Thread(
-                target=self._snapshot_loop, args=(execution,), daemon=True,
-                name=f"jetwake-snapshots-{self.name}")
-            self._snapshotter.start()
+            self.snapshots.start_regular(execution, self.config.snapshot_interval_ms / 1000)
 
     def _begin_start(self) -> None:
         """Moves the job to STARTING, in one step with the checks that it may start."""
@@ -302,16 +292,16 @@ class JobCoordinator:
                 raise JobStateError(f"job '{self.name}' is {self.status.value}: it cannot start "
                                     "again")
             reason = self._stop_reason
-            if reason not in (_STOP_CANCEL, _STOP_SHUTDOWN):
+            if reason not in (StopReason.CANCEL, StopReason.SHUTDOWN):
                 # a suspend or restart request belonged to the execution that ended
-                self._stop_reason = _STOP_NONE
+                self._stop_reason = StopReason.NONE
                 self._ended.clear()
                 self.status = JobStatus.STARTING
                 self._state_changed.notify_all()
-        if reason == _STOP_CANCEL:  # cancelled while its restart was on the way
+        if reason == StopReason.CANCEL:  # cancelled while its restart was on the way
             self._finish_cancelled()
             raise JobCancelledError(f"job '{self.name}' was cancelled")
-        if reason == _STOP_SHUTDOWN:
+        if reason == StopReason.SHUTDOWN:
             raise JobStateError(f"job '{self.name}' does not start: the member is shutting down")
         self._publish_status(JobStatus.STARTING)
 
@@ -320,11 +310,11 @@ class JobCoordinator:
         self._remove_state_dirs()
         with self._lock:
             reason = self._stop_reason
-        if reason == _STOP_CANCEL:
+        if reason == StopReason.CANCEL:
             self._finish_cancelled()
             return
         text = f"{type(error).__name__}: {error}"
-        if reason == _STOP_SHUTDOWN:
+        if reason == StopReason.SHUTDOWN:
             self._set_status(JobStatus.NOT_RUNNING)
             return
         if on_restartable is not None and is_restartable_cause(error):
@@ -344,6 +334,12 @@ class JobCoordinator:
 
     # --- how an execution is made and run: a job of a cluster overrides these ----------------
 
+    @property
+    def _accepts_fallback(self) -> bool:
+        """The user accepted, for this start, duplicates from a fallback past a damaged
+        snapshot (resume(accept_at_least_once_on_fallback=True))."""
+        return self._accept_fallback_once
+
     def _prepare_execution(self, restore: str) -> tuple[Any, Any, str]:
         """Builds, initializes and restores an execution; returns it, the coordinator's side
         of its snapshots (None without snapshots) and what it was restored from."""
@@ -355,7 +351,7 @@ class JobCoordinator:
 
     def _discard(self, execution: Any) -> None:
         """Drops an execution that was prepared but never launched."""
-        self._close_all(execution.tasklets)
+        close_quietly(execution.tasklets)
 
     def _launch(self, execution: Any) -> None:
         assert self.member.execution_service is not None  # a started member
@@ -364,15 +360,16 @@ class JobCoordinator:
     def _execution_description(self, execution: Any) -> str:
         return f"{len(execution.tasklets)} processors"
 
-    def _new_snapshot_writer(self, snapshot_id: int, terminal: bool) -> Any:
+    def new_snapshot_writer(self, snapshot_id: int, terminal: bool) -> SnapshotCommit:
+        """The writer that commits snapshot ``snapshot_id`` (SnapshotOwner)."""
         return self.store.writer(self.job_id, self.name, snapshot_id, terminal)
 
     def _start_tasklets(self, restore: str) -> tuple[list, SnapshotContext | None, str]:
         """Builds and initializes the processors and restores the newest good snapshot into
-        them; a snapshot found damaged on the way is skipped (see _check_fallback)."""
+        them; a snapshot found damaged on the way is skipped (see restore_plan)."""
         self.store.remove_staging(self.job_id)
         damaged: list[str] = []
-        for rec, desc in self._restore_candidates(restore):
+        for rec, desc in restore_candidates(self.store, self.job_id, self.config, restore):
             reader = self.store.reader(rec) if rec is not None else None
             if reader is not None:
                 try:
@@ -385,108 +382,38 @@ class JobCoordinator:
             snapshot = SnapshotContext(
                 restored_id, self.store.staging_dir(self.job_id, self.execution_count)) \
                 if self.config.snapshots_enabled else None
-            tasklets = self._build_tasklets(snapshot)
             try:
-                if damaged:
-                    self._check_fallback(tasklets, damaged, desc)
-                if reader is not None:
-                    restore_state(tasklets, reader, desc)
+                tasklets = prepare_share(self.dag, self._plan_context(snapshot), self.config,
+                                         reader, desc, damaged, self._accept_fallback_once)
             except SnapshotDamagedError as e:
-                self._close_all(tasklets)
                 assert rec is not None  # raised by the reader's data
                 damaged.append(self._skip_damaged(rec, e, restore))
                 continue
-            except BaseException:
-                self._close_all(tasklets)
-                raise
             if rec is not None and rec.name is None:
                 self.last_snapshot = rec
             return tasklets, snapshot, desc if rec is not None else ""
         raise AssertionError("unreachable: the last candidate is a start without state")
 
-    def _restore_candidates(self, restore: str) -> list[tuple[CommitRecord | None, str]]:
-        """The snapshots to try, best first, ending with (None, "") (no state) where
-        starting without state is allowed."""
-        if restore == "initial" and self.config.initial_snapshot_name:
-            name = self.config.initial_snapshot_name
-            rec = self.store.get_export(name)
-            if rec is None:
-                raise SnapshotNotFoundError(
-                    f"no exported snapshot named '{name}' (JobConfig.initial_snapshot_name); "
-                    "list them with `jetwake list-snapshots` or member.snapshots()")
-            return [(rec, f"exported snapshot '{name}'")]
-        if restore != "latest" or not self.config.snapshots_enabled:
-            return [(None, "")]
-        out: list[tuple[CommitRecord | None, str]] = []
-        for rec in self.store.committed(self.job_id):
-            if rec.job_id != self.job_id:
-                raise SnapshotError(
-                    f"snapshot {rec.snapshot_id} in the directory of job {self.job_id} was "
-                    f"written by job {rec.job_id}; the data directory has been tampered with")
-            out.append((rec, f"snapshot {rec.snapshot_id}"))
-        out.append((None, ""))
-        return out
-
     def _skip_damaged(self, rec: CommitRecord, error: Exception, restore: str) -> str:
-        if rec.name is not None:  # an export the user asked for: no silent fallback
-            raise SnapshotError(f"exported snapshot '{rec.name}' is damaged: {error}") from error
+        """Reports a damaged snapshot the restore skips; how the next attempt names it."""
+        refused = damaged_export_error(rec, error)
+        if refused is not None:  # an export the user asked for: no silent fallback
+            raise refused from error
         log.warning("job %s: snapshot %d is damaged (%s); falling back to the previous good "
                     "snapshot", self.name, rec.snapshot_id, error)
         self.member.emit_event(self, f"snapshot {rec.snapshot_id} is damaged: {error}")
         return f"snapshot {rec.snapshot_id} ({error})"
 
-    def _check_fallback(self, tasklets: list, damaged: list[str], desc: str) -> None:
-        """Refuses to fall back past a damaged snapshot when that can duplicate output: under
-        exactly-once, a transactional sink may already have committed the damaged snapshot's
-        phase 2, and restoring an older one would write those records again."""
-        if self.config.processing_guarantee != "exactly_once" \
-                or self.config.accept_at_least_once_on_fallback:
-            return
-        sinks = sorted({t.context.vertex_name for t in tasklets
-                        if getattr(t.processor, "transactional_sink", False)})
-        if not sinks:
-            return
-        if self._accept_fallback_once:
-            log.warning("job %s: restoring %s past damaged snapshot(s) %s; the transactional "
-                        "sink(s) %s may write some records twice (accepted by the user)",
-                        self.name, desc or "no state", damaged, sinks)
-            return
-        instead = desc or "without any state"
-        raise FallbackRefusedError(
-            f"job '{self.name}': the newest snapshot is damaged ({'; '.join(damaged)}) and the "
-            f"transactional sink(s) {sinks} may already have committed its output, so starting "
-            f"from {instead} could write records twice, breaking exactly-once. The job is "
-            "suspended. To accept possible duplicates for this restore, resume it with "
-            "job.resume(accept_at_least_once_on_fallback=True); to accept them always, set "
-            "JobConfig(accept_at_least_once_on_fallback=True)")
-
-    def _build_tasklets(self, snapshot: SnapshotContext | None) -> list:
-        ctx = PlanContext(job_id=self.job_id, job_name=self.name,
-                          processing_guarantee=self.config.processing_guarantee,
-                          default_parallelism=self._default_parallelism(),
-                          member=self.member, snapshot=snapshot,
-                          state_factory=self._state_factory(),
-                          state_backend=self.config.state_backend,
-                          snapshot_interval_ms=self.config.snapshot_interval_ms
-                          if self.config.snapshots_enabled else 0)
-        tasklets = build_tasklets(self.dag, ctx)
-        initialized = []
-        try:
-            for t in tasklets:
-                initialized.append(t)
-                t.init()
-        except BaseException:
-            self._close_all(initialized)
-            raise
-        return tasklets
-
-    @staticmethod
-    def _close_all(tasklets: list) -> None:
-        for t in tasklets:
-            try:
-                t.close()
-            except Exception:  # noqa: BLE001 - the first error is the one to report
-                log.exception("closing %s after a failed start", t.name)
+    def _plan_context(self, snapshot: SnapshotContext | None) -> PlanContext:
+        """How this member's processors of the job are built (the only member)."""
+        return PlanContext(job_id=self.job_id, job_name=self.name,
+                           processing_guarantee=self.config.processing_guarantee,
+                           default_parallelism=self._default_parallelism(),
+                           member=self.member, snapshot=snapshot,
+                           state_factory=self._state_factory(),
+                           state_backend=self.config.state_backend,
+                           snapshot_interval_ms=self.config.snapshot_interval_ms
+                           if self.config.snapshots_enabled else 0)
 
     def _state_factory(self):
         """Creates each processor's keyed state store, per JobConfig.state_backend."""
@@ -505,27 +432,27 @@ class JobCoordinator:
 
     # --- the end of an execution -------------------------------------------------------------
 
-    def _on_execution_end(self, execution: Execution) -> None:
+    def _on_execution_end(self, execution: ExecutionDriver) -> None:
         with self._lock:
             if execution is not self._execution:
                 return
             reason = self._stop_reason
         self._remove_state_dirs()
-        if reason == _STOP_SHUTDOWN and (execution.error is None
-                                         or isinstance(execution.error, RestartableError)):
+        if reason == StopReason.SHUTDOWN and (execution.error is None
+                                         or is_restartable_cause(execution.error)):
             # stopped by a graceful member shutdown: the record says running, so the next start
             # resumes it, from the terminal snapshot if it committed
             self._set_status(JobStatus.SUSPENDED if self._terminal_committed
                              else JobStatus.NOT_RUNNING)
-        elif reason == _STOP_CANCEL:
+        elif reason == StopReason.CANCEL:
             self._finish_cancelled()
-        elif reason == _STOP_SUSPEND:
+        elif reason == StopReason.SUSPEND:
             self._set_status(JobStatus.SUSPENDED)
-        elif reason == _STOP_RESTART:
+        elif reason == StopReason.RESTART:
             self._restart_async("restart requested")
         elif execution.error is not None:
             err = execution.error
-            if isinstance(err, RestartableError) and self.config.snapshots_enabled:
+            if is_restartable_cause(err) and self.config.snapshots_enabled:
                 log.warning("job %s: %s; restarting from the last snapshot", self.name, err)
                 self._restart_async(str(err))
                 return
@@ -664,142 +591,88 @@ class JobCoordinator:
             self._retry_failure = False
         self._finish(JobStatus.FAILED, JobCancelledError(f"job '{self.name}' was cancelled"))
 
-    # --- snapshots ---------------------------------------------------------------------------
+    # --- snapshots (the SnapshotOwner side of the snapshot driver) ------------------------
 
-    def _snapshot_loop(self, execution: Execution) -> None:
-        """Takes a snapshot every interval, measured from the end of the previous one. Nothing
-        ends this thread silently: a snapshot that could not be written is counted and retried
-        at the next interval; any other error restarts or fails the job."""
-        interval = self.config.snapshot_interval_ms / 1000
-        while True:
-            if execution.finished.wait(interval):
-                return
-            with self._lock:
-                if execution is not self._execution or self.status != JobStatus.RUNNING \
-                        or self._stop_reason != _STOP_NONE:
-                    return
-            try:
-                self.take_snapshot()
-            except SnapshotWriteError:
-                continue  # counted and logged by take_snapshot; the job runs on
-            except RestartableError as e:
-                execution.fail(execution.tasklets[0], e)
-                return
-            except JobStateError:
-                return
-            except BaseException as e:  # noqa: BLE001 - must reach the job, not vanish
-                log.exception("job %s: the snapshot thread failed", self.name)
-                error = SnapshotError(f"job '{self.name}': taking a snapshot failed: {e!r}")
-                error.__cause__ = e
-                execution.fail(execution.tasklets[0], error)
-                return
+    @property
+    def current_execution(self) -> ExecutionDriver | None:
+        """The job's current (or last) execution."""
+        return self._execution
+
+    def current_run(self) -> tuple[ExecutionDriver, SnapshotPhases] | None:
+        """The running execution and its snapshot phases; None when none runs."""
+        with self._lock:
+            execution, snap = self._execution, self._snapshot
+        if execution is None or snap is None or execution.finished.is_set():
+            return None
+        return execution, snap
+
+    def keeps_running(self, execution: ExecutionDriver) -> bool:
+        """Whether ``execution`` is still the job's, running and not being stopped."""
+        with self._lock:
+            return execution is self._execution and self.status == JobStatus.RUNNING \
+                and self._stop_reason == StopReason.NONE
 
     def take_snapshot(self, terminal: bool = False) -> CommitRecord:
-        """Runs both phases of one snapshot of the current execution, in these steps:
+        """Takes a snapshot of the running execution now (see SnapshotDriver.take)."""
+        return self.snapshots.take(terminal)
 
-        1. Take a new snapshot id (never reused) and open the snapshot's writer.
-        2. Phase 1: every processor saves its state as the barrier passes (sources save their
-           position and emit the barrier; sinks prepare). Entries are serialized and written
-           as they are offered.
-        3. The commit point: sync the data and write the commit record.
-        4. Phase 2: every processor commits, or rolls back if step 2 or 3 failed.
-        5. Retention: older snapshots beyond the newest two are deleted.
+    @property
+    def last_snapshot(self) -> CommitRecord | None:
+        """The newest good snapshot (taken, or restored by the current execution)."""
+        return self.snapshots.last_snapshot
 
-        Raises :class:`SnapshotWriteError` when the snapshot could not be written (a full disk,
-        say): that snapshot is rolled back and removed, the previous one stays valid, and the
-        job runs on. Raises :class:`RestartableError` when phase 1 or phase 2 did not complete
-        everywhere in time: the job must restart from its last committed snapshot (a committed
-        snapshot whose phase 2 did not finish is completed by the restore). A snapshot that
-        committed while the execution was being stopped is returned: the next execution
-        restores it and completes its phase 2. Each attempt's outcome (the step it reached,
-        the failure cause) goes to ``snapshot_history``.
-        """
-        with self._snapshot_lock, self.snapshot_history.attempt(terminal) as attempt:
-            with self._lock:
-                execution, snap = self._execution, self._snapshot
-                if execution is None or snap is None or execution.finished.is_set():
-                    raise JobStateError(f"job '{self.name}' has no running execution to "
-                                        "snapshot")
-            cancelled = lambda: execution.cancelled  # noqa: E731
-            # 1.
-            try:
-                sid = self.store.next_snapshot_id(self.job_id)
-            except OSError as e:
-                raise self._snapshot_write_failed(None, e) from e
-            attempt.reached("started", id=sid)
-            writer = self._new_snapshot_writer(sid, terminal)
-            # 2.
-            snap.request(sid, writer, terminal)
-            crash_point("snapshot-phase1")
-            phase1_ok = snap.wait_phase1(sid, PHASE_TIMEOUT_S, cancelled)
-            if phase1_ok:
-                attempt.reached("phase 1")
-            # 3.
-            rec = write_error = None
-            if phase1_ok:
-                try:
-                    # map writes and journal entries the snapshot points into are durable
-                    # before the commit record that points into them
-                    self.member.sync_maps()
-                    rec = writer.commit()
-                except OSError as e:
-                    write_error = e
-            if rec is None:
-                writer.abort()
-            else:
-                attempt.reached("committed", size_bytes=rec.size_bytes,
-                                entries=rec.entry_count, duration_ms=rec.duration_ms)
-                crash_point("after-commit-record")
-            # 4.
-            snap.start_phase2(sid, rec is not None)
-            phase2_ok = snap.wait_phase2(sid, PHASE_TIMEOUT_S, cancelled)
-            if rec is not None:
-                if phase2_ok:
-                    attempt.reached("phase 2")
-                crash_point("after-phase2")
-            if write_error is not None:
-                if execution.finished.is_set() or execution.cancelled:
-                    # the job ended meanwhile and its snapshots were removed: not a failure
-                    raise JobStateError(f"job '{self.name}' ended during snapshot {sid}")
-                raise self._snapshot_write_failed(sid, write_error) from write_error
-            if rec is None:
-                if execution.cancelled:
-                    raise JobStateError(f"job '{self.name}' stopped during snapshot {sid}")
-                raise RestartableError(f"snapshot {sid} of job '{self.name}' did not complete "
-                                       f"phase 1 within {PHASE_TIMEOUT_S:.0f} s")
-            self.last_snapshot = rec
-            self.snapshot_count += 1
-            self.last_snapshot_error = None
-            if not phase2_ok and not execution.cancelled:
-                raise RestartableError(
-                    f"snapshot {sid} of job '{self.name}' is committed but its phase 2 did not "
-                    f"complete within {PHASE_TIMEOUT_S:.0f} s; restarting from it completes it")
-            # 5.
-            self.store.prune(self.job_id)
-            attempt.reached("done")
-            self.member.emit_event(
-                self, f"snapshot {sid} taken in {rec.duration_ms:.0f} ms, "
-                      f"{rec.entry_count} entries, {rec.size_bytes} bytes")
-            return rec
+    @last_snapshot.setter
+    def last_snapshot(self, rec: CommitRecord | None) -> None:
+        self.snapshots.last_snapshot = rec
 
-    def _snapshot_write_failed(self, sid: int | None, error: OSError) -> SnapshotWriteError:
-        which = f"snapshot {sid}" if sid is not None else "a snapshot"
-        text = (f"writing {which} of job '{self.name}' failed: {error}; the previous snapshot "
-                "stays valid, the job runs on and tries again at the next interval")
-        self.snapshot_failures += 1
-        self.last_snapshot_error = text
-        log.error("job %s: %s", self.name, text)
-        self.member.emit_event(self, f"snapshot failed: {error}")
-        return SnapshotWriteError(text)
+    @property
+    def snapshot_count(self) -> int:
+        return self.snapshots.count
+
+    @property
+    def snapshot_failures(self) -> int:
+        return self.snapshots.failures
+
+    @property
+    def last_snapshot_error(self) -> str | None:
+        return self.snapshots.last_error
+
+    @property
+    def snapshot_history(self) -> SnapshotHistory:
+        return self.snapshots.history
 
     # --- operations --------------------------------------------------------------------------
 
     @property
     def is_stopping(self) -> bool:
         """Whether the current execution is being stopped (cancel, suspend, restart)."""
-        return self._stop_reason != _STOP_NONE
+        return self._stop_reason != StopReason.NONE
 
-    def _stop_execution(self, reason: int) -> Execution | None:
+    @property
+    def stop_reason(self) -> StopReason:
+        """Why the current execution is being stopped (NONE: it is not)."""
+        with self._lock:
+            return self._stop_reason
+
+    def _claim_stop(self, reason: StopReason,
+                    execution: ExecutionDriver | None = None) -> bool:
+        """Says why the current execution is being stopped, unless it is being stopped
+        already or (given ``execution``) ``execution`` is no longer the job's running one;
+        whether it was said. The caller stops the execution."""
+        with self._lock:
+            if self._stop_reason != StopReason.NONE:
+                return False
+            if execution is not None and (execution is not self._execution
+                                          or execution.finished.is_set()):
+                return False
+            self._stop_reason = reason
+            return True
+
+    def _stop_retrying(self) -> None:
+        """A restart waiting to retry gives up; none is tried again."""
+        self._retry_stop.set()
+
+    def _stop_execution(self, reason: StopReason) -> ExecutionDriver | None:
         with self._lock:
             self._stop_reason = reason
             execution = self._execution
@@ -815,7 +688,7 @@ class JobCoordinator:
             if self.status.is_terminal:
                 raise JobStateError(f"job '{self.name}' is already {self.status.value}; "
                                     "only a running or suspended job can be cancelled")
-            self._stop_reason = _STOP_CANCEL
+            self._stop_reason = StopReason.CANCEL
             execution = self._execution
             if execution is not None and execution.finished.is_set():
                 execution = None  # the previous execution: it has ended already
@@ -832,7 +705,7 @@ class JobCoordinator:
         self.require(JobStatus.RUNNING, "suspend")
         if self.config.snapshots_enabled:
             self.take_snapshot(terminal=True)
-        self._stop_execution(_STOP_SUSPEND)
+        self._stop_execution(StopReason.SUSPEND)
 
     def resume(self, accept_at_least_once_on_fallback: bool = False) -> None:
         """Starts a suspended job from its last good snapshot; see
@@ -860,7 +733,7 @@ class JobCoordinator:
                                                 JobStatus.SUSPENDED_EXPORTING_SNAPSHOT):
                 return True  # not running: a suspended job stays suspended
             self._resume_on_start = True
-            stopping = self._stop_reason != _STOP_NONE
+            stopping = self._stop_reason != StopReason.NONE
         if status == JobStatus.RUNNING and not stopping and self.config.snapshots_enabled:
             try:
                 self.take_snapshot(terminal=True)
@@ -870,7 +743,7 @@ class JobCoordinator:
                             "start resumes the job from its last good snapshot", self.name, e)
                 self.member.emit_event(self, f"terminal snapshot failed at shutdown: {e}")
         self._retry_stop.set()
-        self._stop_execution(_STOP_SHUTDOWN)
+        self._stop_execution(StopReason.SHUTDOWN)
         if status == JobStatus.NOT_RUNNING:
             self._save_record()  # says RUNNING now: resume on the next start
         ended = self.wait_for_status(
@@ -884,7 +757,7 @@ class JobCoordinator:
 
     def restart(self) -> None:
         self.require(JobStatus.RUNNING, "restart")
-        self._stop_execution(_STOP_RESTART)
+        self._stop_execution(StopReason.RESTART)
 
     def export_snapshot(self, name: str, cancel: bool = False) -> CommitRecord:
         with self._lock:
@@ -911,7 +784,7 @@ class JobCoordinator:
         exported = self.store.export(rec, name)
         self.member.emit_event(self, f"snapshot exported as '{name}'")
         if cancel:
-            self._stop_execution(_STOP_CANCEL)
+            self._stop_execution(StopReason.CANCEL)
         return exported
 
     def require(self, status: JobStatus, action: str) -> None:

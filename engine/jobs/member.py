@@ -20,7 +20,8 @@ from jetwake.engine.core.errors import JobNotFoundError, SnapshotNotFoundError
 from jetwake.engine.execution.execution_service import ExecutionService
 from jetwake.engine.jobs.job import Job
 from jetwake.engine.jobs.job_config import JobConfig
-from jetwake.engine.jobs.job_coordinator import _STOP_CANCEL, _STOP_SUSPEND, JobCoordinator
+from jetwake.engine.jobs.job_coordinator import JobCoordinator
+from jetwake.engine.jobs.stop_reason import StopReason
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.data.named_list import NamedList
 
@@ -408,9 +409,8 @@ class Member:
         stuck: list[str] = []
         for c in list(self._jobs.values()):
             remaining = max(0.0, deadline - time.monotonic())
-            with c._lock:
-                status, stopping = c.status, c.is_stopping
-                user_stop = stopping and c._stop_reason in (_STOP_CANCEL, _STOP_SUSPEND)
+            status, reason = c.status, c.stop_reason
+            user_stop = reason in (StopReason.CANCEL, StopReason.SUSPEND)
             if status.is_terminal or status in (JobStatus.SUSPENDED,
                                                 JobStatus.SUSPENDED_EXPORTING_SNAPSHOT):
                 continue
@@ -435,7 +435,8 @@ class Member:
         self.execution_service.shutdown()
         if self._maps is not None:
             self._maps.close()
-        writer = self._record_writer
+        with self._lock:  # set and started in one step under the lock (retry_record_later)
+            writer = self._record_writer
         if writer is not None:
             writer.join(5)
         if self._write_stale_records():
