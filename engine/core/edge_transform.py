@@ -9,7 +9,7 @@ as the execution that runs it, like the processor's own ``items_in`` and ``items
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 __all__ = ["EdgeTransform", "for_processor"]
 
@@ -23,6 +23,11 @@ class EdgeTransform:
     def for_processor(self) -> Callable[[list], list]:
         """The instance one upstream processor applies to its chunks (default: ``self``)."""
         return self
+
+    def stage_counts(self) -> Iterator[tuple[Any, int, int]]:
+        """``(step, items in, items out)`` of each pipeline stage this transform runs and
+        counts (a step names its ``stage`` and ``kind``); none by default."""
+        return iter(())
 
 
 def for_processor(transform: Callable[[list], list] | None) -> Callable[[list], list] | None:

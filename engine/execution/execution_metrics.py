@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from jetwake.engine.core.edge_transform import EdgeTransform
+
 __all__ = ["Counts", "StageMetrics", "vertex_counts", "stage_counts", "member_counts", "summed"]
 
 #: name (a vertex, or a stateless stage fused into one) -> counter -> value
@@ -43,19 +45,20 @@ class StageMetrics:
 
 def stage_counts(tasklets: Iterable[Any]) -> dict[str, StageMetrics]:
     """Items in and out of each stateless stage fused into a vertex, summed over
-    ``tasklets``: the edge transforms that count stages (a pipeline's FusedChain, with
-    ``vertex`` and ``stage_counts()``) say what each stage counted; others are skipped."""
+    ``tasklets``: each edge transform that runs pipeline stages (a pipeline's fused chain)
+    says what each counted, on the outbound edges of the vertex the stages are fused into."""
     out: dict[str, StageMetrics] = {}
-    for chain in (s.transform for t in tasklets for s in t.outbound):
-        counted = getattr(chain, "stage_counts", None)
-        if counted is None:
-            continue
-        for step, n_in, n_out in counted():
-            m = out.get(step.stage)
-            if m is None:
-                m = out[step.stage] = StageMetrics(chain.vertex, step.kind)
-            m.items_in += n_in
-            m.items_out += n_out
+    for t in tasklets:
+        for s in t.outbound:
+            chain = s.transform
+            if not isinstance(chain, EdgeTransform):
+                continue  # a plain function counts nothing
+            for step, n_in, n_out in chain.stage_counts():
+                m = out.get(step.stage)
+                if m is None:
+                    m = out[step.stage] = StageMetrics(t.context.vertex_name, step.kind)
+                m.items_in += n_in
+                m.items_out += n_out
     return out
 
 
