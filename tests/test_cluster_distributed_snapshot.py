@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-from jetwake.engine.cluster.distributed_execution import (
+from jetwake.engine.jobs.distributed_execution import (
     DistributedExecution, DistributedSnapshot, MemberExecutionError,
 )
 from jetwake.engine.jobs.execution_messages import (

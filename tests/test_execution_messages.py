@@ -14,9 +14,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from jetwake import FallbackRefusedError, JobConfig, JobStatus, Member, Pipeline, Sinks
-from jetwake.engine.cluster.cluster_job_coordinator import _start_error
-from jetwake.engine.cluster.distributed_execution import MemberExecutionError
-from jetwake.engine.cluster.execution_participant import ExecutionParticipant
+from jetwake.engine.jobs.job_coordinator import start_failure
+from jetwake.engine.jobs.distributed_execution import MemberExecutionError
+from jetwake.engine.jobs.execution_participant import ExecutionParticipant
 from jetwake.engine.cluster.peer_network import PeerCallError
 from jetwake.engine.core.errors import RestartableError, is_restartable_cause
 from jetwake.engine.core.serialization import dumps, loads
@@ -129,7 +129,7 @@ def test_a_fatal_kafka_error_fails_a_cluster_start_as_it_fails_a_single_members(
     with pytest.raises(PeerCallError) as remote:
         a.call("b", b.address, "exec.init", [{}])
     assert not is_restartable_cause(FATAL)  # the single member's verdict
-    error = _start_error("sums", {"m-a": FATAL, "m-b": remote.value})
+    error = start_failure("sums", {"m-a": FATAL, "m-b": remote.value})
     assert isinstance(error, MemberExecutionError) and not is_restartable_cause(error)
     assert "member m-b" in str(error) and "producer fenced" in str(error)
 
@@ -139,7 +139,7 @@ def test_a_cluster_start_is_retried_when_every_members_cause_may_pass(pair):
     b.set_call_handler(_raise(TRANSIENT))
     with pytest.raises(PeerCallError) as remote:
         a.call("b", b.address, "exec.init", [{}])
-    error = _start_error("sums", {"m-a": TRANSIENT, "m-b": remote.value,
+    error = start_failure("sums", {"m-a": TRANSIENT, "m-b": remote.value,
                                   "m-c": TimeoutError("no answer within 120 s")})
     assert isinstance(error, RestartableError)
 

@@ -106,8 +106,8 @@ def test_job_resumes_by_itself_when_the_member_restarts(tmp_path):
 
 
 def execution_dirs(data_dir: str) -> set[str]:
-    """The RocksDB working state directories of executions (state/<job id>/execution-*)."""
-    return set(glob.glob(os.path.join(data_dir, "state", "*", "execution-*")))
+    """The RocksDB working state directories of executions (state/<job id>/<execution>)."""
+    return set(glob.glob(os.path.join(data_dir, "state", "*", "*")))
 
 
 def test_rocksdb_state_left_by_a_killed_member_is_removed_at_the_next_start(tmp_path):

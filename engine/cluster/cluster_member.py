@@ -3,8 +3,8 @@
 ``ClusterMember(data_dir, cluster="NAME", kafka_bootstrap_servers="host:9092", token=...)``
 joins the cluster ``NAME`` through Kafka (:mod:`membership`), listens for its peers
 (:mod:`peer_network`) and runs its share of every job of the cluster
-(:mod:`execution_participant`). The member Kafka makes coordinator coordinates every job
-(:mod:`cluster_job_coordinator`): it fences any earlier coordinator, reads the job records of the
+(:mod:`jetwake.engine.jobs.execution_participant`). The member Kafka makes coordinator
+coordinates every job (:mod:`jetwake.engine.jobs.job_coordinator`): it fences any earlier coordinator, reads the job records of the
 cluster and resumes the jobs that were running. Jobs are submitted to the coordinator; a
 member's service forwards what its clients ask about jobs to it, so every member gives the same
 answers.
@@ -22,18 +22,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from jetwake.engine.cluster.cluster_job_coordinator import (
-    ClusterJobCoordinator, ClusterJobRecords,
-)
+from jetwake.engine.cluster.cluster_job_records import ClusterJobRecords
 from jetwake.engine.cluster.cluster_maps import ClusterMaps
 from jetwake.engine.cluster.cluster_records import ClusterRecords
 from jetwake.engine.cluster.cluster_snapshot_store import ClusterSnapshotStore
-from jetwake.engine.cluster.distributed_execution import DistributedExecution
-from jetwake.engine.cluster.execution_participant import ExecutionParticipant
+from jetwake.engine.jobs.execution_participant import ExecutionParticipant
 from jetwake.engine.cluster.membership import FencedError, KafkaMembership, MemberInfo
 from jetwake.engine.cluster.peer_link import PeerRefusedError
 from jetwake.engine.cluster.peer_network import PeerNetwork, PeerUnreachableError
-from jetwake.engine.cluster.snapshot_data_topic import SnapshotDataTopic
+from jetwake.engine.cluster.snapshot_data_topic import SnapshotDataTopic, files_under
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.jobs.job import Job
 from jetwake.engine.jobs.execution_messages import (
@@ -146,8 +143,7 @@ class ClusterMember(Member):
                                        port=peer_port, advertise=advertise).start()
             self._addresses[self.member_id] = self.network.address
             self.participant = ExecutionParticipant(
-                self, self.member_id, self.network.edges, self._report_end,
-                self.data_topic.upload)
+                self, self.member_id, self.network.edges, self._report_end, self._share_part)
             self.network.set_call_handler(self._on_call)
             self.network.set_message_handler("exec.ended",
                                              lambda peer, payload: self._on_exec_ended(payload))
@@ -192,9 +188,7 @@ class ClusterMember(Member):
 
     def _new_coordinator(self, job_id: str, definition: Any, config: JobConfig,
                          submission_time: float | None = None) -> JobCoordinator:
-        if not self.in_cluster:
-            return super()._new_coordinator(job_id, definition, config, submission_time)
-        return ClusterJobCoordinator(self, job_id, definition, config, submission_time)
+        return JobCoordinator(self, job_id, definition, config, submission_time)
 
     # --- maps and lists ------------------------------------------------------------------------
 
@@ -275,8 +269,8 @@ class ClusterMember(Member):
         if not self.in_cluster:
             return Member.add_job(self, pipeline, config)
         with self._lock:
-            c = ClusterJobCoordinator(self, f"{LIGHT_PREFIX}{self.member_id}-{new_job_id()}",
-                                      pipeline, config, light=True)
+            c = JobCoordinator(self, f"{LIGHT_PREFIX}{self.member_id}-{new_job_id()}",
+                               pipeline, config, light=True)
             self._jobs[c.job_id] = c
         return c
 
@@ -309,8 +303,10 @@ class ClusterMember(Member):
                        timeout: float) -> ExecutionMessage | None:
         """Delivers an execution's request to a member (this one in-process, through the same
         encoding) and decodes its reply (the ExecutionTransport of the job coordinators)."""
+        if not self.in_cluster:
+            return super().call_execution(member_id, message, timeout)
         wire = self.call_member(member_id, message.OP, [message.to_wire()], timeout)
-        reply = getattr(type(message), "REPLY", None)
+        reply = message.REPLY
         return None if reply is None else decode(reply, wire)
 
     def _dispatch(self, method: str, args: list) -> Any:
@@ -381,7 +377,14 @@ class ClusterMember(Member):
                 log.warning("member %s did not answer a request: %s", m, e)
         return out
 
-    def _report_end(self, coordinator: str, ended: ExecutionEnded) -> None:
+    def _share_part(self, directory: str, prefix: str) -> dict:
+        """Copies a snapshot part's files into the cluster's snapshot data topic."""
+        paths = files_under(directory, os.listdir(directory))
+        return self.data_topic.upload(directory, paths, prefix) if paths else {}
+
+    def _report_end(self, coordinator: str, ended: ExecutionEnded,
+                    cause: BaseException | None) -> None:
+        # the cause stays here: every member's end reaches the coordinator as its message
         payload = ended.to_wire()
         if coordinator == self.member_id:
             self._on_exec_ended(payload)
@@ -395,11 +398,7 @@ class ClusterMember(Member):
         self.network.send(coordinator, address, "exec.ended", payload)  # type: ignore
 
     def _on_exec_ended(self, payload: Any) -> None:
-        ended = decode(ExecutionEnded, payload)
-        c = self.find_coordinator(ended.exec_key.split(".")[0])
-        execution = c.current_execution if c is not None else None
-        if isinstance(execution, DistributedExecution) and execution.exec_key == ended.exec_key:
-            execution.member_ended(ended)
+        self.deliver_execution_end(decode(ExecutionEnded, payload))
 
     def _forget_job_everywhere(self, job_id: str) -> None:
         for m in self._known_members:
@@ -450,6 +449,8 @@ class ClusterMember(Member):
         refuses this member (another token, cluster or version) is left out, so a job
         restarts on the survivors at once instead of waiting for Kafka to drop the dead; a
         member left out that is alive joins again through auto-scaling."""
+        if not self.in_cluster:
+            return super().execution_members()
         members = self._refresh_members()
         if not any(m.id == self.member_id for m in members):
             assert self.network is not None  # a member of a cluster
@@ -513,8 +514,7 @@ class ClusterMember(Member):
         with self._coordinator_lock:
             self._became_coordinator.clear()
             with self._lock:
-                jobs = [c for c in self._jobs.values()
-                        if isinstance(c, ClusterJobCoordinator) and not c.light]
+                jobs = [c for c in self._jobs.values() if not c.light]
                 for c in jobs:
                     self._jobs.pop(c.job_id, None)
             for c in jobs:
@@ -576,17 +576,15 @@ class ClusterMember(Member):
                 self._probe_execution_members(present)
             usable = present - self._leaving - self._unreachable
             for c in self.coordinators():
-                if not isinstance(c, ClusterJobCoordinator):
-                    continue
                 execution = c.running_execution()
                 if execution is None:
                     continue
                 for m in execution.members:
                     if m not in usable:
-                        c.member_left(m)
+                        c.member_changes.member_left(m)
                 joined = usable - set(execution.members)
                 if joined and self.is_coordinator:
-                    c.members_joined(joined, self.scale_up_delay_s)
+                    c.member_changes.members_joined(joined, self.scale_up_delay_s)
             rounds += 1
             for ex in self.participant.running():
                 if ex.coordinator not in present:
@@ -603,10 +601,9 @@ class ClusterMember(Member):
         until the barrier of a snapshot cannot align without it."""
         members: set[str] = set()
         for c in self.coordinators():
-            if isinstance(c, ClusterJobCoordinator):
-                execution = c.running_execution()
-                if execution is not None:
-                    members.update(execution.members)
+            execution = c.running_execution()
+            if execution is not None:
+                members.update(execution.members)
         members = (members & present) - self._unreachable - {self.member_id}
         for m in set(self._unanswered) - members:
             self._unanswered.pop(m, None)
@@ -656,11 +653,13 @@ class ClusterMember(Member):
 
     def is_current_execution(self, exec_key: str) -> bool:
         c = self.find_coordinator(exec_key.split(".")[0])
-        return isinstance(c, ClusterJobCoordinator) and c.is_current(exec_key)
+        return c is not None and c.is_current(exec_key)
 
     def publish_commit_record(self, rec: CommitRecord) -> None:
         """Writes a snapshot's commit record where every member can read it: the commit point
         of a cluster-wide snapshot. Raises FencedError when this member was deposed."""
+        if not self.in_cluster:
+            return
         try:
             self.records.put(f"commit/{rec.job_id}/{rec.snapshot_id}", rec.to_json().encode())
         except FencedError:
@@ -711,11 +710,10 @@ class ClusterMember(Member):
         self._leaving.add(member_id)
         moved = 0
         for c in self.coordinators():
-            if isinstance(c, ClusterJobCoordinator):
-                execution = c.running_execution()
-                if execution is not None and member_id in execution.members:
-                    c.rescale(f"member {member_id} is leaving")
-                    moved += 1
+            execution = c.running_execution()
+            if execution is not None and member_id in execution.members:
+                c.member_changes.rescale(f"member {member_id} is leaving")
+                moved += 1
         return moved
 
     def _hand_over(self) -> None:

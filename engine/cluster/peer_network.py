@@ -42,7 +42,7 @@ from typing import Any, Callable
 from jetwake.engine.cluster.network_edges import (PACKET_TARGET_BYTES, TAG_ACKS, TAG_PACKET,
                                                   EdgeTransport)
 from jetwake.engine.cluster.peer_link import PeerLink, PeerRefusedError, accept_peer, connect_peer
-from jetwake.engine.core.errors import JetwakeError, is_restartable_cause
+from jetwake.engine.core.errors import JetwakeError, RemoteCallError, is_restartable_cause
 from jetwake.engine.core.serialization import dumps, loads
 from jetwake.engine.net.framing import FRAME_MAX_BYTES
 
@@ -65,15 +65,9 @@ _RECV_BYTES = 1 << 20
 _LEN = struct.Struct(">I")
 
 
-class PeerCallError(JetwakeError):
+class PeerCallError(RemoteCallError):
     """The peer's handler raised: ``remote_type`` is its exception's type name, the message
     names the member and the method, ``restartable`` is the peer's verdict on its error."""
-
-    def __init__(self, remote_type: str, message: str, restartable: bool = False) -> None:
-        super().__init__(message)
-        self.remote_type = remote_type
-        self.message = message
-        self.restartable = restartable
 
 
 class PeerUnreachableError(JetwakeError):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import errno
 import sys
 
-__all__ = ["PipelineError", "JetwakeError", "JobNotFoundError", "JobCancelledError", "JobStateError",
-           "SnapshotNotFoundError", "RestartableError", "SnapshotError", "FallbackRefusedError",
-           "SnapshotWriteError", "DataDirectoryLockedError", "is_restartable_cause"]
+__all__ = ["PipelineError", "JetwakeError", "JobNotFoundError", "JobCancelledError",
+           "JobStateError", "SnapshotNotFoundError", "RestartableError", "RemoteCallError",
+           "SnapshotError", "FallbackRefusedError", "SnapshotWriteError",
+           "DataDirectoryLockedError", "is_restartable_cause"]
 
 
 class JetwakeError(Exception):
@@ -41,6 +42,21 @@ class SnapshotNotFoundError(JetwakeError, KeyError):
 class RestartableError(JetwakeError):
     """A failure after which the job restarts from its last snapshot instead of failing
     (a fenced producer, a snapshot that could not complete)."""
+
+
+class RemoteCallError(JetwakeError):
+    """A call to another member failed there: ``remote_type`` names the type of the error it
+    raised (the error itself stays on that member)."""
+
+    def __init__(self, remote_type: str, message: str, restartable: bool = False) -> None:
+        super().__init__(message)
+        self.remote_type = remote_type
+        self.message = message
+        self.restartable = restartable
+
+    def raised(self, cls: type[BaseException]) -> bool:
+        """Whether the remote error was a ``cls`` (by its name: the class is not sent)."""
+        return self.remote_type == cls.__name__
 
 
 class SnapshotError(JetwakeError):

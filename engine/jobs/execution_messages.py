@@ -41,6 +41,8 @@ class ExecutionMessage:
 
     OP: ClassVar[str] = ""
     VERSION: ClassVar[int] = 1
+    #: the reply's message type; None for a request answered by nothing, or a reply
+    REPLY: ClassVar["type[ExecutionMessage] | None"] = None
 
     def to_wire(self) -> dict[str, Any]:
         """The message as the transport sends it: its fields and its version."""
@@ -88,7 +90,9 @@ class InitExecution(ExecutionMessage):
 
     ``restore`` is the commit record (JSON) to restore, None for no state; ``skipped_damaged``
     names the newer snapshots found damaged, which the member weighs before restoring
-    (see restore_plan.check_fallback); ``accept_fallback`` is the user's one-time consent."""
+    (see restore_plan.check_fallback); ``accept_fallback`` is the user's one-time consent.
+    ``definition`` is the pickled job definition, empty for the coordinator's own member (it
+    builds its share from the job's DAG itself)."""
 
     OP: ClassVar[str] = "exec.init"
     REPLY: ClassVar[type[ExecutionMessage]] = Initialized

@@ -1,32 +1,50 @@
-"""Runs one job on the member: plans it, runs its executions, snapshots it, and restarts it.
+"""Coordinates one job: plans it, runs its executions, snapshots it, and restarts it.
 
 This is the coordinator side of a job (Jet's MasterContext). It owns the job's status and is
 the only place that changes it. An *execution* is one run of the job's processors; a job may
 have several (restart, suspend/resume, recovery after a crash), each restoring the last good
 snapshot.
+
+Every execution runs the same way, on a member alone and on a cluster: the coordinator asks
+every member of the execution (a member alone is a cluster of one, called in-process) to build,
+restore and initialize its share (:class:`~jetwake.engine.jobs.execution_participant.
+ExecutionParticipant`), starts them all once all are ready, and snapshots them all
+(:mod:`jetwake.engine.jobs.distributed_execution`). How the job follows its members coming
+and going is :mod:`jetwake.engine.jobs.member_changes`; its snapshots are taken by
+:mod:`jetwake.engine.jobs.snapshot_driver`.
+
+A *light job* (``new_light_job`` of a cluster member) runs the same way on every member but has
+no snapshots and no job record: it lives and dies with the member that coordinates it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+import cloudpickle
+
+from jetwake.engine.jobs.distributed_execution import (
+    DistributedExecution, DistributedSnapshot, MemberExecutionError, SnapshotCommitWriter,
+)
+from jetwake.engine.jobs.execution_messages import InitExecution
 from jetwake.engine.jobs.job_records import JobRecord
-from jetwake.engine.jobs.member_share import close_quietly, prepare_share
+from jetwake.engine.jobs.member_changes import MemberChanges
+from jetwake.engine.jobs.restart_backoff import RESTART_BACKOFF_FIRST_S, RestartBackoff
 from jetwake.engine.jobs.restore_plan import damaged_export_error, restore_candidates
 from jetwake.snapshot.store.snapshot_store import (
     CommitRecord, SnapshotDamagedError,
 )
 from jetwake.engine.core.dag import DAG
 from jetwake.engine.core.errors import (
-    FallbackRefusedError, JobCancelledError, JobStateError, is_restartable_cause,
+    FallbackRefusedError, JobCancelledError, JobStateError, RemoteCallError, RestartableError,
+    is_restartable_cause,
 )
-from jetwake.engine.execution.plan import PlanContext
-from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.jobs.execution_driver import ExecutionDriver, SnapshotCommit, SnapshotPhases
@@ -35,24 +53,21 @@ from jetwake.engine.jobs.snapshot_history import SnapshotHistory
 from jetwake.engine.jobs.stop_reason import StopReason
 from jetwake.engine.execution.execution_metrics import StageMetrics, stage_counts, vertex_counts
 from jetwake.engine.pipeline.fusion import fused_stage_of
-from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 from jetwake.snapshot.state.keyed_state import in_memory_state_factory
 from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
 
 if TYPE_CHECKING:  # pragma: no cover
     from jetwake.engine.jobs.member import Member
 
-__all__ = ["JobCoordinator", "compile_definition", "state_factory"]
+__all__ = ["JobCoordinator", "compile_definition", "state_factory", "start_failure"]
 
 log = logging.getLogger("jetwake.job")
 
-# a start that fails for a restartable cause is tried again after 0.5 s, 1 s, 2 s, ... up to
-# this much between attempts, until it succeeds, the job is cancelled or the member shuts down
-RESTART_BACKOFF_FIRST_S = 0.5
-RESTART_BACKOFF_MAX_S = 30.0
-# failed attempts beyond the first three are logged at most this often (each is still an event)
-_RETRY_LOG_EVERY_S = 60.0
-
+# statuses in which a job was running when its member stopped: it resumes on the next start
+_WAS_RUNNING = {JobStatus.STARTING.value, JobStatus.RUNNING.value, JobStatus.COMPLETING.value,
+                JobStatus.NOT_RUNNING.value}
+# a member has this long to build, restore and initialize its share of an execution
+INIT_TIMEOUT_S = 120.0
 
 
 def compile_definition(definition: Any, default_parallelism: int) -> DAG:
@@ -84,9 +99,18 @@ def state_factory(data_dir: str | None, job_id: str, config: JobConfig, executio
 
 
 class JobCoordinator:
+    """The coordinator of one job (see the module doc)."""
+
     def __init__(self, member: "Member", job_id: str, definition: Any, config: JobConfig,
-                 submission_time: float | None = None) -> None:
+                 submission_time: float | None = None, *, light: bool = False) -> None:
         self.member = member
+        self.light = light
+        #: the execution being prepared or run (members ask whether theirs is still it)
+        self.current_exec_key: str | None = None
+        # set when this member stopped being the cluster's coordinator: the job is another's
+        self.deposed = False
+        #: how the job follows its members coming and going
+        self.member_changes = MemberChanges(self)
         self.job_id = job_id
         self.definition = definition  # a Pipeline or a DAG
         self.config = config
@@ -110,20 +134,24 @@ class JobCoordinator:
         self.snapshots = SnapshotDriver(self)
         # why the job record on disk is out of date (None: it is current)
         self.record_error: str | None = None
-        self.restart_attempts = 0  # start attempts of the restart in progress
-        self._retry_stop = threading.Event()  # restarts stop retrying: cancel, member shutdown
-        self._retrier: threading.Thread | None = None
+        #: the restarts with back-off
+        self.restarts = RestartBackoff(
+            self.name, self._restart_attempt, lambda text: member.emit_event(self, text),
+            lambda: self.failure_text, self._restarts_settled)
         self._retry_failure = False  # failure_text says why a restart attempt failed
-        self._last_retry_log = 0.0
         # set by a graceful member shutdown: the record says "running" unless the job ends
         self._resume_on_start = False
         self._terminal_committed = False  # the shutdown's terminal snapshot committed
         self.dag: DAG = self._compile()
+        self._definition_bytes: bytes | None = None  # pickled for the first other member
+        self._attempt = 0  # executions prepared, counting the attempts that failed
+        self._incarnation = secrets.token_hex(3)  # this coordinator, in its execution keys
 
     def _compile(self) -> DAG:
-        return compile_definition(self.definition, self._default_parallelism())
+        return compile_definition(self.definition, self.default_parallelism())
 
-    def _default_parallelism(self) -> int:
+    def default_parallelism(self) -> int:
+        """Processors per vertex where neither the stage nor the job sets a number."""
         lp = self.config.local_parallelism
         return lp if lp > 0 else self.member.default_local_parallelism
 
@@ -156,14 +184,20 @@ class JobCoordinator:
             return JobStatus.RUNNING
         return status
 
+    def save_record(self) -> bool:
+        """Writes the job record now; True when written (see :meth:`_save_record`)."""
+        return self._save_record()
+
     def _save_record(self, definition: Any = None, *, raise_errors: bool = False) -> bool:
         """Writes the job record (and the definition, when given); True when written.
 
         An OSError (a full disk) is raised with ``raise_errors``; otherwise it is reported
         (``record_error``, a log line, an event) and the member writes the record again with
-        back-off until it succeeds, so the status on disk catches up once there is space."""
+        back-off until it succeeds, so the status on disk catches up once there is space.
+        A light job has no record, and a deposed coordinator writes none (its writes would
+        be fenced)."""
         records = self.member.job_records
-        if not records.persistent:
+        if not records.persistent or self.light or self.deposed:
             return True
         error: OSError | None = None
         with self._record_lock:  # the status written is the one current at write time
@@ -197,10 +231,24 @@ class JobCoordinator:
     def record_extra(self) -> dict:
         """What the job record keeps besides status and config (read back by
         :meth:`restore_record_extra` when a member resumes the job)."""
-        return {"restart_count": self.restart_count}
+        return {"restart_count": self.restart_count,
+                "quorum_size": self.member_changes.quorum_size}
 
-    def restore_record_extra(self, extra: dict) -> None:
-        self.restart_count = extra.get("restart_count", 0)
+    def load_record(self, rec: JobRecord) -> bool:
+        """Takes over what a job record says of a job found at member start (or by a new
+        coordinator); whether the job was running then (it resumes: :meth:`recover`)."""
+        self.completion_time = rec.completion_time
+        self.failure_text = rec.failure
+        self.restart_count = rec.extra.get("restart_count", 0)
+        self.member_changes.quorum_size = int(rec.extra.get("quorum_size", 0))
+        if rec.status in _WAS_RUNNING:
+            # an error recorded before is history once the job runs again
+            self._retry_failure = self.failure_text is not None
+            return True
+        self.status = JobStatus(rec.status)
+        if self.status.is_terminal:
+            self._ended.set()
+        return False
 
     def save_definition(self) -> None:
         """Writes the job's definition and record; raises when they cannot be written (the job
@@ -263,11 +311,11 @@ class JobCoordinator:
                     self.failure_text = None
                     self.error = None
                     self._retry_failure = False
-                self.restart_attempts = 0
+                self.restarts.attempts = 0
                 self.status = JobStatus.RUNNING
                 self._state_changed.notify_all()
         if reason != StopReason.NONE:
-            self._discard(execution)
+            execution.cancel()  # never started: each member drops its share
             self._remove_state_dirs()
             if reason == StopReason.CANCEL:
                 self._finish_cancelled()
@@ -281,7 +329,7 @@ class JobCoordinator:
         log.info("job %s (%s) started: %s%s", self.name, self.job_id,
                  self._execution_description(execution),
                  f", restored from {desc}" if desc else "")
-        self._launch(execution)
+        execution.start()
         if snapshot is not None:
             self.snapshots.start_regular(execution, self.config.snapshot_interval_ms / 1000)
 
@@ -320,7 +368,7 @@ class JobCoordinator:
         if on_restartable is not None and is_restartable_cause(error):
             self.error = error
             if on_restartable == JobStatus.NOT_RUNNING:
-                self.failure_text = (f"{text} (start attempt {max(1, self.restart_attempts)} "
+                self.failure_text = (f"{text} (start attempt {max(1, self.restarts.attempts)} "
                                      "failed; retrying with back-off)")
                 self._retry_failure = True
             else:
@@ -332,67 +380,80 @@ class JobCoordinator:
         self._retry_failure = False
         self._finish(JobStatus.FAILED, error)
 
-    # --- how an execution is made and run: a job of a cluster overrides these ----------------
+    # --- how an execution is made and run ---------------------------------------------------
 
-    @property
-    def _accepts_fallback(self) -> bool:
-        """The user accepted, for this start, duplicates from a fallback past a damaged
-        snapshot (resume(accept_at_least_once_on_fallback=True))."""
-        return self._accept_fallback_once
-
-    def _prepare_execution(self, restore: str) -> tuple[Any, Any, str]:
-        """Builds, initializes and restores an execution; returns it, the coordinator's side
-        of its snapshots (None without snapshots) and what it was restored from."""
-        tasklets, snapshot, desc = self._start_tasklets(restore)
-        execution = Execution(self.name, tasklets, self._on_execution_end, snapshot)
-        if snapshot is not None:
-            snapshot.attach(tasklets)
-        return execution, snapshot, desc
-
-    def _discard(self, execution: Any) -> None:
-        """Drops an execution that was prepared but never launched."""
-        close_quietly(execution.tasklets)
-
-    def _launch(self, execution: Any) -> None:
-        assert self.member.execution_service is not None  # a started member
-        self.member.execution_service.submit(execution)
-
-    def _execution_description(self, execution: Any) -> str:
-        return f"{len(execution.tasklets)} processors"
-
-    def new_snapshot_writer(self, snapshot_id: int, terminal: bool) -> SnapshotCommit:
-        """The writer that commits snapshot ``snapshot_id`` (SnapshotOwner)."""
-        return self.store.writer(self.job_id, self.name, snapshot_id, terminal)
-
-    def _start_tasklets(self, restore: str) -> tuple[list, SnapshotContext | None, str]:
-        """Builds and initializes the processors and restores the newest good snapshot into
-        them; a snapshot found damaged on the way is skipped (see restore_plan)."""
+    def _prepare_execution(self, restore: str) -> tuple[DistributedExecution,
+                                                        DistributedSnapshot | None, str]:
+        """Initializes an execution on every member it runs on, restoring the newest good
+        snapshot (a snapshot found damaged on any member is skipped, see restore_plan);
+        returns it, its snapshots' coordinator side (None without snapshots) and what it was
+        restored from."""
+        member = self.member
+        members = member.execution_members()
+        self.member_changes.check_quorum(len(members))
         self.store.remove_staging(self.job_id)
         damaged: list[str] = []
         for rec, desc in restore_candidates(self.store, self.job_id, self.config, restore):
-            reader = self.store.reader(rec) if rec is not None else None
-            if reader is not None:
-                try:
-                    reader.verify()
-                except SnapshotDamagedError as e:
-                    assert rec is not None  # the reader's
-                    damaged.append(self._skip_damaged(rec, e, restore))
+            self._attempt += 1
+            # unique in the cluster and over time: another coordinator of the same job (after
+            # a failover, or in the member's next process) counts its executions from 1 again
+            exec_key = (f"{self.job_id}.{member.member_id}.{self._incarnation}."
+                        f"{self.execution_count + 1}.{self._attempt}")
+            self.current_exec_key = exec_key
+            participant = member.participant
+            execution = DistributedExecution(
+                self.name, exec_key, [m for m, _ in members], member.call_execution,
+                self._on_execution_end,
+                lambda key=exec_key: participant.tasklets_of_execution(key))  # type: ignore[misc]
+            results = execution.all_members(
+                lambda index: self._init_message(exec_key, members, index, rec, desc, damaged),
+                INIT_TIMEOUT_S)
+            failed = {m: r for m, r in results.items() if isinstance(r, BaseException)}
+            if failed:
+                execution.cancel()
+                damaged_on = [m for m, e in failed.items() if _raised(e, SnapshotDamagedError)]
+                if rec is not None and damaged_on:
+                    error = SnapshotDamagedError("; ".join(str(failed[m]) for m in damaged_on))
+                    damaged.append(self._skip_damaged(rec, error, restore))
                     continue
-            restored_id = rec.snapshot_id if rec is not None and rec.name is None else -1
-            snapshot = SnapshotContext(
-                restored_id, self.store.staging_dir(self.job_id, self.execution_count)) \
-                if self.config.snapshots_enabled else None
-            try:
-                tasklets = prepare_share(self.dag, self._plan_context(snapshot), self.config,
-                                         reader, desc, damaged, self._accept_fallback_once)
-            except SnapshotDamagedError as e:
-                assert rec is not None  # raised by the reader's data
-                damaged.append(self._skip_damaged(rec, e, restore))
-                continue
+                refused = [e for e in failed.values() if _raised(e, FallbackRefusedError)]
+                if refused:
+                    if isinstance(refused[0], FallbackRefusedError):
+                        raise refused[0]
+                    raise FallbackRefusedError(str(refused[0])) from refused[0]
+                if len(failed) == 1 and len(members) == 1:
+                    raise next(iter(failed.values()))  # a member alone: the error itself
+                raise start_failure(self.name, failed)
             if rec is not None and rec.name is None:
                 self.last_snapshot = rec
-            return tasklets, snapshot, desc if rec is not None else ""
+            execution.on_member_lost = self.member_changes.member_lost
+            snapshot = None
+            if self.config.snapshots_enabled:
+                snapshot = DistributedSnapshot(execution)
+                execution.snapshot = snapshot
+            return execution, snapshot, desc if rec is not None else ""
         raise AssertionError("unreachable: the last candidate is a start without state")
+
+    def _init_message(self, exec_key: str, members: list[tuple[str, str]], index: int,
+                      rec: CommitRecord | None, desc: str, damaged: list[str]) -> InitExecution:
+        """What the member at ``index`` is asked to build, restore and initialize. This
+        member's own share is built from the job's DAG itself (an empty definition says so):
+        a member alone runs the objects the user submitted, as an embedded engine should;
+        every other member gets a copy."""
+        if members[index][0] == self.member.member_id:
+            definition = b""
+        else:
+            if self._definition_bytes is None:
+                self._definition_bytes = cloudpickle.dumps(self.definition)
+            definition = self._definition_bytes
+        return InitExecution(
+            exec_key=exec_key, job_id=self.job_id, job_name=self.name,
+            definition=definition, config=dict(vars(self.config)),
+            default_parallelism=self.default_parallelism(),
+            members=[list(m) for m in members], member_index=index,
+            coordinator=self.member.member_id, restore=rec.to_json() if rec is not None else None,
+            restore_desc=desc, execution_count=self.execution_count,
+            skipped_damaged=list(damaged), accept_fallback=self._accept_fallback_once)
 
     def _skip_damaged(self, rec: CommitRecord, error: Exception, restore: str) -> str:
         """Reports a damaged snapshot the restore skips; how the next attempt names it."""
@@ -404,21 +465,15 @@ class JobCoordinator:
         self.member.emit_event(self, f"snapshot {rec.snapshot_id} is damaged: {error}")
         return f"snapshot {rec.snapshot_id} ({error})"
 
-    def _plan_context(self, snapshot: SnapshotContext | None) -> PlanContext:
-        """How this member's processors of the job are built (the only member)."""
-        return PlanContext(job_id=self.job_id, job_name=self.name,
-                           processing_guarantee=self.config.processing_guarantee,
-                           default_parallelism=self._default_parallelism(),
-                           member=self.member, snapshot=snapshot,
-                           state_factory=self._state_factory(),
-                           state_backend=self.config.state_backend,
-                           snapshot_interval_ms=self.config.snapshot_interval_ms
-                           if self.config.snapshots_enabled else 0)
+    def _execution_description(self, execution: DistributedExecution) -> str:
+        if len(execution.members) == 1:
+            return f"{len(execution.tasklets)} processors"
+        return f"on {len(execution.members)} member(s): {', '.join(execution.members)}"
 
-    def _state_factory(self):
-        """Creates each processor's keyed state store, per JobConfig.state_backend."""
-        return state_factory(self.member.data_dir, self.job_id, self.config,
-                             f"execution-{self.restart_count}-{time.monotonic_ns()}")
+    def new_snapshot_writer(self, snapshot_id: int, terminal: bool) -> SnapshotCommit:
+        """The writer that commits snapshot ``snapshot_id`` (SnapshotOwner)."""
+        return SnapshotCommitWriter(self.store, self.job_id, self.name, snapshot_id, terminal,
+                                    self.member.publish_commit_record)
 
     def _remove_state_dirs(self) -> None:
         """Removes the job's RocksDB working state (``<data_dir>/state/<job_id>``). Called when
@@ -480,13 +535,7 @@ class JobCoordinator:
     def _restart_async(self, why: str) -> None:
         self.restart_count += 1
         self.member.emit_event(self, f"restarting ({why})")
-        self._start_retrier(attempts_done=0)
-
-    def _start_retrier(self, attempts_done: int) -> None:
-        thread = threading.Thread(target=self._restart, args=(attempts_done,), daemon=True,
-                                  name=f"jetwake-restart-{self.name}")
-        self._retrier = thread
-        thread.start()
+        self.restarts.begin()
 
     def recover(self) -> None:
         """Resumes, at member start, a job that was running when its member stopped. One
@@ -495,7 +544,7 @@ class JobCoordinator:
         marks the job FAILED with that cause. Never raises: one job that cannot start must
         not keep the member from recovering the others."""
         self.restart_count += 1
-        self.restart_attempts = 1
+        self.restarts.attempts = 1
         try:
             self.start(restore="latest", persist_definition=False,
                        on_restartable=JobStatus.NOT_RUNNING)
@@ -503,72 +552,27 @@ class JobCoordinator:
         except Exception as e:  # noqa: BLE001 - reported below, the member goes on
             error = e
         if self.status == JobStatus.NOT_RUNNING and is_restartable_cause(error) \
-                and not self._retry_stop.is_set():
-            self._report_failed_attempt(1, error, RESTART_BACKOFF_FIRST_S)
-            self._start_retrier(attempts_done=1)
+                and not self.restarts.stopped:
+            self.restarts.failed_attempt(1, error, RESTART_BACKOFF_FIRST_S)
+            self.restarts.begin(attempts_done=1)
         else:
             log.error("job %s (%s) could not be resumed: %s", self.name, self.job_id,
                       self.failure_text or repr(error))
 
-    def _restart(self, attempts_done: int = 0) -> None:
-        """Starts a new execution from the last snapshot. A failure for a restartable cause
-        (:func:`is_restartable_cause`) is retried with exponential back-off until the job
-        runs, is cancelled, or the member shuts down; in between the job is NOT_RUNNING, its
-        failure text says why and each failed attempt is an event. A permanent cause fails the
-        job (start() marks it)."""
-        from tenacity import Retrying, retry_if_exception, wait_exponential
+    def _restart_attempt(self, attempt: int) -> None:
+        """One attempt of a restart: a new execution from the last snapshot (a failure leaves
+        the job NOT_RUNNING with why, or FAILED for a permanent cause)."""
+        self.start(restore="latest", persist_definition=False,
+                   on_restartable=JobStatus.NOT_RUNNING)
 
-        count = attempts_done
-
-        def attempt() -> None:
-            nonlocal count
-            if self._retry_stop.is_set():
-                raise JobStateError(f"job '{self.name}': restart abandoned (cancelled, or the "
-                                    "member is shutting down)")
-            count += 1
-            self.restart_attempts = count
-            self.start(restore="latest", persist_definition=False,
-                       on_restartable=JobStatus.NOT_RUNNING)
-
-        def report(state: Any) -> None:
-            self._report_failed_attempt(count, state.outcome.exception(),
-                                        state.next_action.sleep)
-
-        if attempts_done:  # the first attempt was made by the caller: wait before the next
-            self._retry_stop.wait(RESTART_BACKOFF_FIRST_S)
-        retrying = Retrying(
-            retry=retry_if_exception(is_restartable_cause),
-            wait=wait_exponential(multiplier=RESTART_BACKOFF_FIRST_S, max=RESTART_BACKOFF_MAX_S),
-            # cut short by a cancel or a member shutdown (tenacity ignores wait()'s result)
-            sleep=self._retry_stop.wait,  # type: ignore[arg-type]
-            before_sleep=report, reraise=True)
-        try:
-            retrying(attempt)
-        except BaseException as e:  # noqa: BLE001 - start() marked the job; say why here
-            if self._retry_stop.is_set():
-                log.info("job %s: restart stopped (%s)", self.name, e)
-            else:
-                log.error("job %s could not restart: %s", self.name,
-                          self.failure_text or repr(e))
+    def _restarts_settled(self) -> None:
+        """After a series of restart attempts: a series stopped before an attempt began leaves
+        no execution, so the job is not running."""
         with self._lock:
-            # stopped before an attempt began: the execution is gone, so it is not running
             stale = self.status in (JobStatus.RUNNING, JobStatus.STARTING) \
                 and (self._execution is None or self._execution.finished.is_set())
         if stale:
             self._set_status(JobStatus.NOT_RUNNING)
-
-    def _report_failed_attempt(self, attempt: int, error: BaseException | None,
-                               delay: float) -> None:
-        text = f"{type(error).__name__}: {error}"
-        self.member.emit_event(self, f"start attempt {attempt} failed ({text}); retrying in "
-                                     f"{delay:.1f} s")
-        now = time.monotonic()
-        if attempt <= 3 or now - self._last_retry_log >= _RETRY_LOG_EVERY_S:
-            self._last_retry_log = now
-            log.warning("job %s: start attempt %d failed (%s); retrying in %.1f s%s", self.name,
-                        attempt, text, delay,
-                        "" if attempt < 3 else " (further attempts are logged at most once a "
-                        "minute; each is a job event)")
 
     def _finish(self, status: JobStatus, error: BaseException | None) -> None:
         with self._lock:
@@ -578,13 +582,13 @@ class JobCoordinator:
             if error is not None and self.failure_text is None:
                 self.failure_text = f"{type(error).__name__}: {error}"
             self.completion_time = time.time()
-        self._retry_stop.set()
+        self.restarts.stop()
         self._remove_state_dirs()
         self._set_status(status)
         self._ended.set()
 
     def _finish_cancelled(self) -> None:
-        self._retry_stop.set()
+        self.restarts.stop()
         self.store.delete_job_snapshots(self.job_id)
         if self._retry_failure:  # the failed attempt is not why it ended
             self.failure_text = None
@@ -654,8 +658,8 @@ class JobCoordinator:
         with self._lock:
             return self._stop_reason
 
-    def _claim_stop(self, reason: StopReason,
-                    execution: ExecutionDriver | None = None) -> bool:
+    def claim_stop(self, reason: StopReason,
+                   execution: ExecutionDriver | None = None) -> bool:
         """Says why the current execution is being stopped, unless it is being stopped
         already or (given ``execution``) ``execution`` is no longer the job's running one;
         whether it was said. The caller stops the execution."""
@@ -668,9 +672,9 @@ class JobCoordinator:
             self._stop_reason = reason
             return True
 
-    def _stop_retrying(self) -> None:
+    def stop_retrying(self) -> None:
         """A restart waiting to retry gives up; none is tried again."""
-        self._retry_stop.set()
+        self.restarts.stop()
 
     def _stop_execution(self, reason: StopReason) -> ExecutionDriver | None:
         with self._lock:
@@ -693,7 +697,7 @@ class JobCoordinator:
             if execution is not None and execution.finished.is_set():
                 execution = None  # the previous execution: it has ended already
             starting = self.status == JobStatus.STARTING
-        self._retry_stop.set()
+        self.restarts.stop()
         if execution is not None:
             execution.cancel()  # its end finishes the job
             return
@@ -742,18 +746,14 @@ class JobCoordinator:
                 log.warning("job %s: the terminal snapshot at shutdown failed (%s); the next "
                             "start resumes the job from its last good snapshot", self.name, e)
                 self.member.emit_event(self, f"terminal snapshot failed at shutdown: {e}")
-        self._retry_stop.set()
+        self.restarts.stop()
         self._stop_execution(StopReason.SHUTDOWN)
         if status == JobStatus.NOT_RUNNING:
             self._save_record()  # says RUNNING now: resume on the next start
         ended = self.wait_for_status(
             {JobStatus.SUSPENDED, JobStatus.NOT_RUNNING, JobStatus.FAILED,
              JobStatus.COMPLETED}, max(0.0, deadline - time.monotonic()))
-        retrier = self._retrier
-        if retrier is not None and retrier is not threading.current_thread():
-            retrier.join(max(0.0, deadline - time.monotonic()))
-            ended = ended and not retrier.is_alive()
-        return ended
+        return self.restarts.join(max(0.0, deadline - time.monotonic())) and ended
 
     def restart(self) -> None:
         self.require(JobStatus.RUNNING, "restart")
@@ -814,6 +814,31 @@ class JobCoordinator:
             return []
         return list(execution.tasklets)
 
+    # --- the cluster's coordinator changes --------------------------------------------------
+
+    def running_execution(self) -> DistributedExecution | None:
+        """The execution running now; None when none runs."""
+        execution = self._execution
+        if isinstance(execution, DistributedExecution) and not execution.finished.is_set():
+            return execution
+        return None
+
+    def abandon(self) -> None:
+        """This member is no longer the cluster's coordinator: stops coordinating the job
+        without writing anything (the new coordinator resumes it from its records)."""
+        self.deposed = True
+        self.stop_retrying()
+        self.member_changes.stop()
+        self._stop_execution(StopReason.SHUTDOWN)
+
+    def is_current(self, exec_key: str) -> bool:
+        """Whether ``exec_key`` is the execution this coordinator prepares or runs."""
+        if self.deposed or self.status.is_terminal or exec_key != self.current_exec_key:
+            return False
+        execution = self._execution
+        return not (isinstance(execution, DistributedExecution)
+                    and execution.exec_key == exec_key and execution.finished.is_set())
+
     def metrics(self) -> dict[str, dict[str, float]]:
         """Items in and out per vertex (with the other counters its processors keep), and per
         stateless stage fused into a vertex, by the stage's name: every stage the user wrote
@@ -833,3 +858,19 @@ class JobCoordinator:
         with the other counters they keep in ``context.metrics``."""
         execution = self._execution
         return {} if execution is None else vertex_counts(execution.tasklets)
+
+
+def _raised(error: BaseException, cls: type[BaseException]) -> bool:
+    """Whether a member's call raised ``cls``: this member's own in-process, another's named
+    by the network's error."""
+    return isinstance(error, cls) or (isinstance(error, RemoteCallError) and error.raised(cls))
+
+
+def start_failure(job: str, failed: dict[str, BaseException]) -> BaseException:
+    """The error a start that failed on some members raises: restartable when every failure
+    is, by the one verdict every path uses (is_restartable_cause; a member judges its own
+    error and the network carries the verdict), so the job retries with back-off."""
+    text = "; ".join(f"member {m}: {e}" for m, e in failed.items())
+    restartable = all(is_restartable_cause(e) for e in failed.values())
+    message = f"job '{job}' could not start on every member: {text}"
+    return RestartableError(message) if restartable else MemberExecutionError(message)

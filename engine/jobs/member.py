@@ -18,6 +18,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from jetwake.engine.jobs.data_dir_lock import DataDirectoryLock
 from jetwake.engine.core.errors import JobNotFoundError, SnapshotNotFoundError
 from jetwake.engine.execution.execution_service import ExecutionService
+from jetwake.engine.jobs.execution_messages import (
+    ExecutionEnded, ExecutionMessage, decode, decode_request,
+)
+from jetwake.engine.jobs.execution_participant import ExecutionParticipant
 from jetwake.engine.jobs.job import Job
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_coordinator import JobCoordinator
@@ -27,13 +31,10 @@ from jetwake.engine.data.named_list import NamedList
 
 if TYPE_CHECKING:  # pragma: no cover
     from jetwake.engine.jobs.job_records import JobRecordStore
-    from jetwake.snapshot.store.snapshot_store import SnapshotStore
+    from jetwake.snapshot.store.snapshot_store import CommitRecord, SnapshotStore
 
 log = logging.getLogger("jetwake.member")
 
-# statuses in which a job was running when its member stopped: it resumes on the next start
-_WAS_RUNNING = {JobStatus.STARTING.value, JobStatus.RUNNING.value, JobStatus.COMPLETING.value,
-                JobStatus.NOT_RUNNING.value}
 
 # how long a graceful shutdown waits for all jobs to stop (terminal snapshots included)
 SHUTDOWN_TIMEOUT_S = 60.0
@@ -65,7 +66,14 @@ class Member:
     process that crashed, and resumes each job that was running, each on its own: a job that
     cannot start for a restartable cause keeps being retried with back-off, one with a
     permanent cause is marked FAILED, and neither keeps the others from running.
+
+    A member alone is a cluster of one: its jobs' executions run through its own
+    :class:`ExecutionParticipant`, which their coordinators call in-process, exactly as a
+    cluster's coordinator calls the participants of every member.
     """
+
+    #: the member's id in its cluster (a member alone has this one)
+    member_id: str = "local"
 
     def __init__(self, data_dir: str | os.PathLike | None = None, *,
                  cooperative_threads: int | None = None, local_parallelism: int | None = None,
@@ -104,6 +112,9 @@ class Member:
         self.recovery_errors: dict[str, str] = {}
         self.execution_service: ExecutionService | None = None
         self._maps = None
+        #: runs this member's share of every execution
+        self.participant = ExecutionParticipant(self, self.member_id, None,
+                                                self._report_end_in_process)
         try:
             self.execution_service = ExecutionService(threads)
             self._maps = MapStore(self.data_dir, journal_capacity=journal_capacity)
@@ -124,12 +135,51 @@ class Member:
         from jetwake.snapshot.store.snapshot_store import SnapshotStore
         return SnapshotStore(self.data_dir)
 
+    # --- executions: the member as a cluster of one ------------------------------------------
+
+    def execution_members(self) -> list[tuple[str, str]]:
+        """The members an execution starting now runs on: (id, peer address)."""
+        return [(self.member_id, "")]
+
+    def call_execution(self, member_id: str, message: ExecutionMessage,
+                       timeout: float) -> ExecutionMessage | None:
+        """Delivers an execution's request to this member's participant, in-process through
+        the encoding a cluster's members use, and decodes its reply (the ExecutionTransport of
+        the job coordinators). An error raised by the participant reaches the caller as it
+        is."""
+        if member_id != self.member_id:
+            raise ValueError(f"member {self.member_id} is alone: it has no member {member_id}")
+        reply = self.participant.handle(decode_request(message.OP, [message.to_wire()]))
+        reply_type = message.REPLY
+        return None if reply is None or reply_type is None \
+            else decode(reply_type, reply.to_wire())
+
+    def _report_end_in_process(self, coordinator: str, ended: ExecutionEnded,
+                               cause: BaseException | None) -> None:
+        self.deliver_execution_end(decode(ExecutionEnded, ended.to_wire()), cause)
+
+    def deliver_execution_end(self, ended: ExecutionEnded,
+                              cause: BaseException | None = None) -> None:
+        """A member's share of an execution ended: tells the execution, if it is still its
+        job's current one (``cause``: the error itself, when it ended in this process)."""
+        c = self.find_coordinator(ended.exec_key.split(".")[0])
+        execution = c.running_execution() if c is not None else None
+        if execution is not None and execution.exec_key == ended.exec_key:
+            execution.member_ended(ended, cause)
+
+    def publish_commit_record(self, rec: "CommitRecord") -> None:
+        """Makes a snapshot's commit record readable by every member: a member alone is the
+        only reader, and its store holds the record."""
+
+    def note_unreachable(self, member_id: str) -> None:
+        """A member of an execution did not answer (never, for a member alone)."""
+
     def _abandon_start(self) -> None:
         """Undoes a start that failed: nothing may keep the directory locked."""
         self._shut_down = True
         self._stopping.set()
         for c in list(self._jobs.values()):
-            c._retry_stop.set()
+            c.stop_retrying()
         if self.execution_service is not None:
             self.execution_service.shutdown()
         if self._maps is not None:
@@ -179,18 +229,9 @@ class Member:
                           "record is kept, so a start with the problem fixed resumes it: %s",
                           rec.name, rec.job_id, text)
                 continue
-            c.completion_time = rec.completion_time
-            c.failure_text = rec.failure
-            c.restore_record_extra(rec.extra)
             self._jobs[c.job_id] = c
-            if rec.status in _WAS_RUNNING:
+            if c.load_record(rec):
                 to_resume.append((c, rec.status))
-                # an error recorded before is history once the job runs again
-                c._retry_failure = c.failure_text is not None
-            else:
-                c.status = JobStatus(rec.status)
-                if c.status.is_terminal:
-                    c._ended.set()
         for c, was in to_resume:
             log.info("job %s (%s) was %s when the member stopped: resuming it", c.name,
                      c.job_id, was)
@@ -216,7 +257,7 @@ class Member:
         for c in pending:
             with self._lock:
                 self._stale_records.discard(c)
-            c._save_record()  # on failure it is added again
+            c.save_record()  # on failure it is added again
         with self._lock:
             left = len(self._stale_records)
             if not left:

@@ -107,7 +107,8 @@ class CommitRecord:
         for vertex, indices in part.completed.items():
             self.completed[vertex] = sorted(set(self.completed.get(vertex, ())) | set(indices))
         self.parallelism.update(part.parallelism)
-        self.data_refs[member_id] = refs
+        if refs:  # a member whose part is read where it was written needs none
+            self.data_refs[member_id] = refs
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -317,14 +318,15 @@ class SnapshotWriter:
             return rec
 
     def finish_part(self) -> CommitRecord:
-        """Syncs this member's part of a cluster-wide snapshot and returns its record, without
-        a commit point: the coordinator merges the parts of every member
-        (:meth:`CommitRecord.merge_part`) and commits the whole. Raises the first write
-        error."""
+        """Syncs this member's part of a snapshot and returns its record, without a commit
+        point: the job's coordinator merges the parts of every member
+        (:meth:`CommitRecord.merge_part`) and commits the whole
+        (:meth:`SnapshotStore.commit_record`). In memory the part's data waits in the store
+        for that commit. Raises the first write error."""
         with self._lock:
+            rec, blobs = self._sync()
             if self.directory is None:
-                raise SnapshotStoreError("a member of a cluster needs a data directory")
-            rec, _ = self._sync()
+                self.store.stage_memory(rec, blobs)
             return rec
 
     def _sync(self) -> tuple[CommitRecord, dict[str, dict[str, bytes]]]:
@@ -358,6 +360,8 @@ class SnapshotWriter:
             self._close_streams()
             if self.directory is not None:
                 shutil.rmtree(self.directory, ignore_errors=True)
+            else:
+                self.store.drop_staged_memory(self.record.job_id, self.record.snapshot_id)
 
 
 def _iter_frames(data: BinaryIO, fmt: int) -> Iterator[tuple[list, list]]:
@@ -476,6 +480,8 @@ class SnapshotStore:
         self.keep = keep  # committed automatic snapshots kept per job: the latest and a spare
         self._mem: dict[tuple[str, Any], tuple[CommitRecord, dict[str, dict[str, bytes]]]] = {}
         self._mem_next: dict[str, int] = {}
+        # parts of in-memory snapshots written but not committed yet: (job id, id) -> data
+        self._mem_staged: dict[tuple[str, int], dict[str, dict[str, bytes]]] = {}
         self._lock = threading.RLock()
 
     # --- paths -----------------------------------------------------------------------------
@@ -526,6 +532,30 @@ class SnapshotStore:
     def _put_memory(self, rec: CommitRecord, blobs: dict[str, dict[str, bytes]]) -> None:
         with self._lock:
             self._mem[(rec.job_id, rec.snapshot_id)] = (rec, blobs)
+
+    def stage_memory(self, part: CommitRecord, blobs: dict[str, dict[str, bytes]]) -> None:
+        """Keeps an in-memory snapshot part's data until :meth:`commit_record` commits it."""
+        with self._lock:
+            staged = self._mem_staged.setdefault((part.job_id, part.snapshot_id), {})
+            for vertex, procs in blobs.items():
+                staged.setdefault(vertex, {}).update(procs)
+
+    def drop_staged_memory(self, job_id: str, snapshot_id: int) -> None:
+        """Drops an in-memory snapshot part that will not be committed."""
+        with self._lock:
+            self._mem_staged.pop((job_id, snapshot_id), None)
+
+    def commit_record(self, rec: CommitRecord) -> None:
+        """Writes the commit record of a snapshot whose parts are written: the commit point
+        (on disk next to the data; in memory the staged parts become the snapshot)."""
+        if self.root is None:
+            with self._lock:
+                blobs = self._mem_staged.pop((rec.job_id, rec.snapshot_id), {})
+                self._mem[(rec.job_id, rec.snapshot_id)] = (rec, blobs)
+            return
+        directory = self._snap_dir(rec.job_id, rec.snapshot_id)
+        os.makedirs(directory, exist_ok=True)
+        write_atomically(os.path.join(directory, COMMIT_FILE), rec.to_json().encode())
 
     def _get_memory(self, key: tuple):
         with self._lock:
@@ -607,6 +637,8 @@ class SnapshotStore:
             with self._lock:
                 for key in [k for k in self._mem if k[0] == job_id]:
                     del self._mem[key]
+                for key in [k for k in self._mem_staged if k[0] == job_id]:
+                    del self._mem_staged[key]
             return
         shutil.rmtree(os.path.join(self._job_dir(job_id), "snapshots"), ignore_errors=True)
 

@@ -161,7 +161,7 @@ class DashboardRequests:
         merged = merge_shares([s[c.job_id] for s in self._shares(peer, c.job_id)
                                if c.job_id in s])
         readings = merged["vertices"]
-        parallelism = resolve_parallelism(c.dag, c._default_parallelism())
+        parallelism = resolve_parallelism(c.dag, c.default_parallelism())
         vertices = []
         for v in c.dag.topological_order():
             r = readings.get(v.name)

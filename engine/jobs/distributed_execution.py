@@ -1,18 +1,19 @@
-"""The coordinator's view of one execution that runs on every member of the cluster.
+"""The coordinator's view of one execution that runs on the members of a job: every member
+of a cluster, or a single member (a cluster of one, whose participant is called in-process).
 
-:class:`DistributedExecution` stands where a single member's ``Execution`` stands for the job
-coordinator: it has ended when every member's share has ended, it failed when any share
-failed (the others are then cancelled), and cancelling it cancels every share.
+:class:`DistributedExecution` is the job coordinator's execution: it has ended when every
+member's share has ended, it failed when any share failed (the others are then cancelled), and
+cancelling it cancels every share.
 
-:class:`DistributedSnapshot` stands where a member's ``SnapshotContext`` stands: it runs the two
+:class:`DistributedSnapshot` is the job coordinator's side of a snapshot: it runs the two
 phases on every member, in parallel:
 
 1. every member starts phase 1 (sources save their position and emit the barrier, which crosses
    the network edges in-band and is aligned there under exactly-once);
 2. the coordinator waits until every member's processors saved their state and each member
-   synced its part of the snapshot and copied it where every member can read it; the parts are
-   merged into one commit record (:class:`ClusterSnapshotWriter`);
-3. the job coordinator writes the commit record: the commit point, for the whole cluster;
+   synced its part of the snapshot (and, in a cluster, copied it where every member can read
+   it); the parts are merged into one commit record (:class:`SnapshotCommitWriter`);
+3. the job coordinator writes the commit record: the commit point, for every member;
 4. phase 2 reaches every member (commit, or roll back when a member failed phase 1).
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -33,11 +33,9 @@ from jetwake.engine.jobs.execution_messages import (
     ExecutionMetrics, ExecutionTransport, MemberCounts, Phase1Result, Phase2Result,
     StartExecution, StartSnapshot,
 )
-from jetwake.snapshot.store.snapshot_store import (
-    COMMIT_FILE, FORMAT_FRAMED, CommitRecord, SnapshotStore, write_atomically,
-)
+from jetwake.snapshot.store.snapshot_store import FORMAT_FRAMED, CommitRecord, SnapshotStore
 
-__all__ = ["DistributedExecution", "DistributedSnapshot", "ClusterSnapshotWriter",
+__all__ = ["DistributedExecution", "DistributedSnapshot", "SnapshotCommitWriter",
            "MemberExecutionError"]
 
 log = logging.getLogger("jetwake.cluster")
@@ -218,9 +216,10 @@ class DistributedExecution:
                 else:
                     self.member_left(member)
 
-    def member_ended(self, ended: ExecutionEnded) -> None:
+    def member_ended(self, ended: ExecutionEnded, cause: BaseException | None = None) -> None:
         """A member's share ended (reported by the member, or decided here when the member is
-        gone)."""
+        gone). ``cause`` is the error itself when the end is delivered in-process (a member
+        alone): the job then fails with the user's own exception."""
         member = ended.member
         error = None
         if ended.cancelled and not ended.error and not self.cancelled:
@@ -230,8 +229,11 @@ class DistributedExecution:
         if ended.error:
             where = f" in {ended.error_tasklet}" if ended.error_tasklet else ""
             text = f"on member {member}{where}: {ended.error}"
-            error = RestartableError(text) if ended.restartable \
-                else MemberExecutionError(text)
+            if cause is not None:
+                error = cause
+            else:
+                error = RestartableError(text) if ended.restartable \
+                    else MemberExecutionError(text)
         with self._lock:
             if member not in self._remaining:
                 return
@@ -257,10 +259,10 @@ class DistributedExecution:
             error=f"member {member} left the cluster"))
 
 
-class ClusterSnapshotWriter:
-    """The coordinator's writer of a cluster-wide snapshot: the members' parts are merged in
-    (:meth:`add_part`) and :meth:`commit` writes the commit record, locally and through
-    ``publish`` (where every member can read it)."""
+class SnapshotCommitWriter:
+    """The coordinator's writer of a snapshot: the members' parts are merged in
+    (:meth:`add_part`) and :meth:`commit` writes the commit record through ``publish`` (a
+    cluster's records, where every member can read it) and in the member's own store."""
 
     def __init__(self, store: SnapshotStore, job_id: str, job_name: str, snapshot_id: int,
                  terminal: bool, publish: Callable[[CommitRecord], None]) -> None:
@@ -277,10 +279,7 @@ class ClusterSnapshotWriter:
         rec = self.record
         rec.duration_ms = (time.perf_counter() - self._started) * 1000
         self._publish(rec)  # the commit point: raises when this coordinator was deposed
-        if self.store.root is not None:
-            directory = self.store._snap_dir(rec.job_id, rec.snapshot_id)
-            os.makedirs(directory, exist_ok=True)
-            write_atomically(os.path.join(directory, COMMIT_FILE), rec.to_json().encode())
+        self.store.commit_record(rec)
         return rec
 
     def abort(self) -> None:
@@ -293,14 +292,11 @@ class DistributedSnapshot:
 
     def __init__(self, execution: DistributedExecution) -> None:
         self.execution = execution
-        self._writer: ClusterSnapshotWriter | None = None
+        self._writer: SnapshotCommitWriter | None = None
         self._phase2: dict[str, Future] | None = None
         self.phase1_failure: str | None = None
 
-    def attach(self, tasklets: list) -> None:
-        """Nothing to attach: the members' processors are attached to their own contexts."""
-
-    def request(self, snapshot_id: int, writer: ClusterSnapshotWriter, terminal: bool) -> None:
+    def request(self, snapshot_id: int, writer: SnapshotCommitWriter, terminal: bool) -> None:
         self._writer = writer
         self.phase1_failure = None
         ex = self.execution

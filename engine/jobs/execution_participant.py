@@ -1,7 +1,9 @@
-"""The member side of a job that runs across the cluster: this member's share of an execution.
+"""The member side of a job: this member's share of an execution.
 
-The coordinator of a job drives each execution on every member through these calls (Jet's
-init, start and snapshot operations), each answered by the member's participant:
+Every execution runs through participants, a single member's too (a cluster of one, whose
+coordinator calls its own participant in-process). The coordinator of a job drives each
+execution on every member through these calls (Jet's init, start and snapshot operations), each
+answered by the member's participant:
 
 ``init``
     Compile the job, build this member's processors with the cluster's member list (global
@@ -12,8 +14,8 @@ init, start and snapshot operations), each answered by the member's participant:
     Run the processors on the member's execution service.
 ``snapshot`` / ``phase1`` / ``phase2``
     The member's part of the two-phase snapshot: start phase 1 with a writer of the member's
-    part; wait until its processors saved their state, sync the part and copy it where every
-    member can read it; then commit (or roll back) and wait for phase 2.
+    part; wait until its processors saved their state, sync the part and (in a cluster) copy it
+    where every member can read it; then commit (or roll back) and wait for phase 2.
 ``cancel``
     Stop the processors.
 
@@ -27,10 +29,11 @@ import logging
 import os
 import shutil
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import cloudpickle
 
+from jetwake.engine.core.dag import DAG
 from jetwake.engine.core.errors import RestartableError, is_restartable_cause
 from jetwake.engine.jobs.execution_messages import (
     CancelExecution, CompletePhase1, CompletePhase2, ExecutionEnded, ExecutionMessage,
@@ -41,7 +44,6 @@ from jetwake.engine.jobs.member_share import close_quietly, prepare_share
 from jetwake.engine.execution.execution_metrics import Counts
 from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.execution.plan import PlanContext
-from jetwake.engine.cluster.snapshot_data_topic import files_under
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_coordinator import compile_definition, state_factory
 from jetwake.snapshot.protocol.fault_injection import crash_point
@@ -49,10 +51,32 @@ from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 from jetwake.snapshot.store.snapshot_store import CommitRecord, SnapshotWriter
 
 if TYPE_CHECKING:  # pragma: no cover
-    from jetwake.engine.cluster.network_edges import EdgeTransport
     from jetwake.engine.jobs.member import Member
 
-__all__ = ["ExecutionParticipant"]
+__all__ = ["ExecutionParticipant", "EdgeTransport", "ReportEnd", "SharePart"]
+
+
+class EdgeTransport(Protocol):
+    """The network ends of distributed edges (a cluster's peer network); a member alone has
+    none."""
+
+    def remote_queue(self, exec_key: str, stream: tuple[int, int, int], peer_id: str,
+                     address: str) -> Any:
+        """The sending end of ``stream`` to member ``peer_id`` at ``address``."""
+
+    def inbound_queue(self, exec_key: str, stream: tuple[int, int, int], name: str) -> Any:
+        """The receiving end of ``stream``."""
+
+    def release(self, exec_key: str) -> None:
+        """Forgets every stream of an execution."""
+
+
+#: delivers an execution's end to the member that coordinates it: (coordinator id, the end,
+#: the error itself when it is delivered in-process, else None)
+ReportEnd = Callable[[str, ExecutionEnded, "BaseException | None"], None]
+#: copies a snapshot part's directory where every member can read it: (directory, key
+#: prefix) -> where its files are (a cluster's snapshot data topic)
+SharePart = Callable[[str, str], dict]
 
 log = logging.getLogger("jetwake.cluster")
 
@@ -60,7 +84,7 @@ log = logging.getLogger("jetwake.cluster")
 class _RemoteEnds:
     """The network ends of one execution's distributed edges (see plan.RemoteEdges)."""
 
-    def __init__(self, edges: "EdgeTransport", exec_key: str,
+    def __init__(self, edges: EdgeTransport, exec_key: str,
                  members: list[tuple[str, str]]) -> None:
         self.edges = edges
         self.exec_key = exec_key
@@ -93,18 +117,17 @@ class _LocalExecution:
 
 
 class ExecutionParticipant:
-    """Runs this member's share of cluster-wide executions. ``report(member_id, payload)``
-    delivers an execution's end to the member that coordinates it."""
+    """Runs this member's share of executions. ``report`` delivers an execution's end to the
+    member that coordinates it; ``edges`` carries distributed edges to other members (None
+    for a member alone); ``share_part`` copies a snapshot part where every member can read it
+    (None: the member's own store is where the snapshot is read)."""
 
-    def __init__(self, member: "Member", member_id: str, edges: "EdgeTransport",
-                 report: Callable[[str, ExecutionEnded], None],
-                 share_part: Callable[[str, list[str], str], dict] | None = None) -> None:
+    def __init__(self, member: "Member", member_id: str, edges: EdgeTransport | None,
+                 report: ReportEnd, share_part: SharePart | None = None) -> None:
         self.member = member
         self.member_id = member_id
         self.edges = edges
         self._report = report
-        # copies a snapshot part's files where every member can read them: (directory,
-        # relative paths, key prefix) -> where they are
         self._share_part = share_part
         self._executions: dict[str, _LocalExecution] = {}
         # executions that ended lately: a snapshot in progress still completes on them
@@ -149,7 +172,7 @@ class ExecutionParticipant:
         cfg = JobConfig.from_dict(msg.config)
         exec_key, job_id, job_name = msg.exec_key, msg.job_id, msg.job_name
         default_parallelism, member_index = msg.default_parallelism, msg.member_index
-        dag = compile_definition(cloudpickle.loads(msg.definition), default_parallelism)
+        dag = self._dag(msg)
         members = [(str(m[0]), str(m[1])) for m in msg.members]
         ex = _LocalExecution(exec_key, job_id, job_name, msg.coordinator, cfg)
         store = self.member.snapshot_store
@@ -167,12 +190,13 @@ class ExecutionParticipant:
             state_factory=state_factory(self.member.data_dir, job_id, cfg, exec_key),
             state_backend=cfg.state_backend,
             snapshot_interval_ms=cfg.snapshot_interval_ms if cfg.snapshots_enabled else 0,
-            remote=_RemoteEnds(self.edges, exec_key, members) if len(members) > 1 else None)
+            remote=_RemoteEnds(self.edges, exec_key, members)
+            if len(members) > 1 and self.edges is not None else None)
         try:
             tasklets = prepare_share(dag, ctx, cfg, reader, msg.restore_desc,
                                      msg.skipped_damaged, msg.accept_fallback)
         except BaseException:
-            self.edges.release(exec_key)
+            self._release_edges(exec_key)
             self._remove_state(job_id, exec_key)
             raise
         ex.snapshot = snapshot
@@ -182,6 +206,18 @@ class ExecutionParticipant:
         with self._lock:
             self._executions[exec_key] = ex
         return Initialized(processors=len(tasklets))
+
+    def _dag(self, msg: InitExecution) -> DAG:
+        """The DAG of the execution: a copy of the definition sent, or, from this member's own
+        coordinator (an empty definition), the job's DAG itself."""
+        if msg.definition:
+            return compile_definition(cloudpickle.loads(msg.definition),
+                                      msg.default_parallelism)
+        coordinator = self.member.find_coordinator(msg.job_id)
+        if coordinator is None:
+            raise RestartableError(f"member {self.member_id} no longer coordinates job "
+                                   f"{msg.job_name}")
+        return coordinator.dag
 
     def start(self, msg: StartExecution) -> None:
         """Runs the initialized share on the member's execution service."""
@@ -217,10 +253,8 @@ class ExecutionParticipant:
         part = writer.finish_part()
         refs: dict = {}
         if self._share_part is not None and writer.directory is not None:
-            paths = files_under(writer.directory, os.listdir(writer.directory))
-            if paths:
-                refs = self._share_part(writer.directory, paths,
-                                        f"{ex.job_id}/{snapshot_id}/{self.member_id}")
+            refs = self._share_part(writer.directory,
+                                    f"{ex.job_id}/{snapshot_id}/{self.member_id}")
         return Phase1Result(ok=True, part=part.to_json(), refs=refs)
 
     def phase2(self, msg: CompletePhase2) -> Phase2Result:
@@ -257,7 +291,7 @@ class ExecutionParticipant:
             with self._lock:
                 self._executions.pop(exec_key, None)
             close_quietly(ex.execution.tasklets)
-            self.edges.release(exec_key)
+            self._release_edges(exec_key)
             self._remove_state(ex.job_id, exec_key)
             return
         ex.execution.cancel()
@@ -289,7 +323,7 @@ class ExecutionParticipant:
                 self._recently_ended.pop(next(iter(self._recently_ended)))
         execution = ex.execution
         err = execution.error if execution is not None else None
-        self.edges.release(ex.exec_key)
+        self._release_edges(ex.exec_key)
         self._remove_state(ex.job_id, ex.exec_key)
         payload = ExecutionEnded(
             exec_key=ex.exec_key, member=self.member_id,
@@ -300,10 +334,14 @@ class ExecutionParticipant:
             error_tasklet=execution.error_tasklet if execution is not None else None,
             metrics=execution.metrics() if execution is not None else None)
         try:
-            self._report(ex.coordinator, payload)
+            self._report(ex.coordinator, payload, err)
         except Exception:  # noqa: BLE001 - the coordinator notices the member otherwise
             log.warning("member %s could not report the end of %s to %s", self.member_id,
                         ex.exec_key, ex.coordinator, exc_info=True)
+
+    def _release_edges(self, exec_key: str) -> None:
+        if self.edges is not None:
+            self.edges.release(exec_key)
 
     def _remove_state(self, job_id: str, exec_key: str) -> None:
         if self.member.data_dir is not None:

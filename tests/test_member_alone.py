@@ -1,0 +1,88 @@
+"""A member alone is a cluster of one: its jobs run through its own execution participant, as
+every member of a cluster does, and still behave as an embedded engine should (the user's own
+exception from join(), the objects the user submitted, the snapshot layout of one member)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from jetwake import JobConfig, JobStatus, Member, Pipeline, Sinks, Sources
+from support.snapshot_fixtures import expected_sums, running_sum_pipeline
+from support.waiting import wait_until
+
+LIMIT = 20_000
+
+
+def eo(**kw) -> JobConfig:
+    return JobConfig(name="sums", processing_guarantee="exactly_once", snapshot_interval_ms=50,
+                     **kw)
+
+
+def test_a_member_alone_runs_each_execution_through_its_participant():
+    with Member() as m:
+        job = m.new_job(running_sum_pipeline(None), eo())
+        wait_until(lambda: m.participant.running(), what="the execution on the participant")
+        [share] = m.participant.running()
+        assert share.job_id == job.id
+        assert share.exec_key.startswith(f"{job.id}.{m.member_id}.")
+        assert share.execution is not None and share.execution.tasklets
+        job.cancel()
+        wait_until(lambda: not m.participant.running(), what="the share to end")
+
+
+def test_a_failing_processor_fails_the_job_with_the_users_own_exception():
+    def parse(x: int) -> int:
+        if x == 4_321:
+            raise ValueError(f"bad record {x}")
+        return x
+
+    p = Pipeline()
+    p.read_from(Sources.items(range(10_000))).map(parse).write_to(Sinks.list("out"))
+    with Member() as m:
+        job = m.new_job(p)
+        with pytest.raises(ValueError, match="bad record 4321"):
+            job.join(30)
+        assert job.status == JobStatus.FAILED
+        assert "ValueError: bad record 4321" in job.failure
+
+
+def test_the_processors_of_a_member_alone_use_the_objects_the_user_submitted():
+    seen: list[int] = []
+
+    def remember(x: int) -> int:
+        seen.append(x)
+        return x
+
+    p = Pipeline()
+    p.read_from(Sources.items(range(1_000))).map(remember).write_to(Sinks.list("out"))
+    with Member() as m:
+        m.new_job(p).join(30)
+        assert sorted(seen) == list(range(1_000))  # not a copy's list
+
+
+def test_a_snapshot_of_a_member_alone_is_one_part_read_where_it_was_written(tmp_path):
+    with Member(tmp_path) as m:
+        job = m.new_job(running_sum_pipeline(None), eo())
+        wait_until(lambda: job.last_snapshot is not None, what="a committed snapshot")
+        rec = job.last_snapshot
+        directory = tmp_path / "jobs" / job.id / "snapshots" / str(rec.snapshot_id)
+        with open(directory / "COMMIT") as f:
+            committed = json.load(f)
+        assert committed["data_refs"] == {}  # no copy elsewhere: the member's files are it
+        for vertex_files in committed["files"].values():
+            assert vertex_files  # every saved processor has its data file
+        assert any(name != "COMMIT" for name in os.listdir(directory))
+        job.cancel()
+
+
+def test_a_member_alone_restores_a_snapshot_kept_in_memory():
+    with Member() as m:  # no data directory: the snapshot's parts wait in memory to commit
+        job = m.new_job(running_sum_pipeline(LIMIT), eo())
+        wait_until(lambda: job.last_snapshot is not None, what="a committed snapshot")
+        job.restart()
+        job.join(60)
+        assert job.status == JobStatus.COMPLETED
+        assert dict(m.get_map("sums").items()) == expected_sums(LIMIT)
