@@ -21,7 +21,7 @@ from jetwake.engine.core.stream_items import Watermark
 from jetwake.engine.jobs.job import Job
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
-from jetwake.engine.server.serving_member import Member
+from jetwake.engine.server.member import Member
 from jetwake.engine.core.meta_supplier import ProcessorMetaSupplier, ProcessorSupplier
 from jetwake.engine.operations.aggregate import AggregateOperation, AggregateOperations
 from jetwake.engine.pipeline.connector import Sink, Source

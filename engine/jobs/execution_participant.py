@@ -51,7 +51,7 @@ from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 from jetwake.snapshot.store.snapshot_store import CommitRecord, SnapshotWriter
 
 if TYPE_CHECKING:  # pragma: no cover
-    from jetwake.engine.jobs.member import Member
+    from jetwake.engine.jobs.member_context import MemberContext
 
 __all__ = ["ExecutionParticipant", "EdgeTransport", "ReportEnd", "SharePart"]
 
@@ -122,7 +122,7 @@ class ExecutionParticipant:
     for a member alone); ``share_part`` copies a snapshot part where every member can read it
     (None: the member's own store is where the snapshot is read)."""
 
-    def __init__(self, member: "Member", member_id: str, edges: EdgeTransport | None,
+    def __init__(self, member: "MemberContext", member_id: str, edges: EdgeTransport | None,
                  report: ReportEnd, share_part: SharePart | None = None) -> None:
         self.member = member
         self.member_id = member_id

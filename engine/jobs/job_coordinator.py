@@ -57,7 +57,7 @@ from jetwake.snapshot.state.keyed_state import in_memory_state_factory
 from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
 
 if TYPE_CHECKING:  # pragma: no cover
-    from jetwake.engine.jobs.member import Member
+    from jetwake.engine.jobs.member_context import MemberContext
 
 __all__ = ["JobCoordinator", "compile_definition", "state_factory", "start_failure"]
 
@@ -101,7 +101,7 @@ def state_factory(data_dir: str | None, job_id: str, config: JobConfig, executio
 class JobCoordinator:
     """The coordinator of one job (see the module doc)."""
 
-    def __init__(self, member: "Member", job_id: str, definition: Any, config: JobConfig,
+    def __init__(self, member: "MemberContext", job_id: str, definition: Any, config: JobConfig,
                  submission_time: float | None = None, *, light: bool = False) -> None:
         self.member = member
         self.light = light

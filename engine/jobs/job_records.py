@@ -13,13 +13,13 @@ import logging
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import cloudpickle
 
 from jetwake.snapshot.store.snapshot_store import write_atomically
 
-__all__ = ["JobRecord", "JobRecordStore", "JobRecordError"]
+__all__ = ["JobRecord", "JobRecords", "JobRecordStore", "JobRecordError"]
 
 log = logging.getLogger("jetwake.jobs")
 
@@ -38,6 +38,27 @@ class JobRecord:
     completion_time: float | None = None
     failure: str | None = None
     extra: dict = field(default_factory=dict)
+
+
+class JobRecords(Protocol):
+    """Where a member's job records and definitions are kept: its data directory
+    (:class:`JobRecordStore`), or a cluster's records topic."""
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the records outlive the member's process."""
+
+    def save(self, record: JobRecord, definition: Any | None = None) -> None:
+        """Writes a job's record (and its definition, when given)."""
+
+    def load_all(self) -> list[JobRecord]:
+        """Every job's record."""
+
+    def load_definition(self, job_id: str) -> Any:
+        """A job's definition (a Pipeline or a DAG)."""
+
+    def delete(self, job_id: str) -> None:
+        """Forgets a job's record and definition."""
 
 
 class JobRecordStore:

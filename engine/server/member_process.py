@@ -91,7 +91,7 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
     anything else is opened. ``ui_auth``: whether the dashboard on the metrics port needs the
     token to be read ("required") or only for actions ("open")."""
     from jetwake.engine.server.metrics import MetricsServer
-    from jetwake.engine.server.serving_member import Member
+    from jetwake.engine.server.member import Member
 
     configure_logging(log_level)
     try:

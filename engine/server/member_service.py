@@ -18,7 +18,7 @@ import socket
 import socketserver
 import threading
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from jetwake.engine.server.authentication import (
     HELLO_TIMEOUT_S, MAX_UNAUTHENTICATED, ConnectionGate, accept_hello, check_listen_address,
@@ -27,6 +27,9 @@ from jetwake.engine.net.framing import ProtocolError, read_frame, write_frame
 from jetwake.engine.server.job_events import JobEvents
 from jetwake.engine.server.protocol import DEFAULT_PORT, PROTOCOL_VERSION, version
 from jetwake.engine.server.request_handlers import RequestHandlers
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jetwake.engine.server.member import Member
 
 __all__ = ["MemberService"]
 
@@ -40,7 +43,7 @@ class MemberService:
     # must not flood the log too); the count is in ``refused_connections``
     REFUSAL_LOG_INTERVAL_S = 10.0
 
-    def __init__(self, member: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+    def __init__(self, member: "Member", host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  token: str | None = None, *, hello_timeout: float = HELLO_TIMEOUT_S,
                  max_unauthenticated: int = MAX_UNAUTHENTICATED) -> None:
         """Binds ``host:port`` (port 0: any free port) and listens; :meth:`start` serves.
@@ -70,9 +73,9 @@ class MemberService:
         member.add_listener(self.events.on_event)
         self.handlers = RequestHandlers(member, self.member_info, lambda: self.serving,
                                         self.events.starts)
-        if hasattr(member, "forwarded_request_handler"):  # a member of a cluster
-            member.forwarded_request_handler = \
-                lambda frame, client: self.handlers.respond(frame, client, route=False)
+        # another member of a cluster hands this member's clients' requests over here
+        member.forwarded_request_handler = \
+            lambda frame, client: self.handlers.respond(frame, client, route=False)
         service = self
 
         class Handler(socketserver.BaseRequestHandler):

@@ -53,7 +53,7 @@ from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.server.dashboard.routes import Dashboard
 
 if TYPE_CHECKING:  # pragma: no cover
-    from jetwake.engine.jobs.member import Member
+    from jetwake.engine.server.member import Member
 
 __all__ = ["JetwakeCollector", "MetricsServer", "vertex_gauges", "kafka_consumer_lag"]
 
@@ -272,7 +272,7 @@ class MetricsServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(JetwakeCollector(member))
         registry, is_healthy, get_info = self.registry, healthy, info
-        service = service if service is not None else getattr(member, "service", None)
+        service = service if service is not None else member.service
         if service is None and ui_auth != "open":
             raise ValueError("ui_auth='required' needs a member that serves clients: the "
                              "dashboard answers through its service")

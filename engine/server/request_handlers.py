@@ -17,7 +17,7 @@ import logging
 import threading
 from dataclasses import asdict
 from datetime import datetime
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import cloudpickle
 
@@ -28,6 +28,9 @@ from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.net.framing import ProtocolError
 from jetwake.engine.server.dashboard.requests import DashboardRequests
 from jetwake.engine.server.protocol import error_pair, version
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jetwake.engine.server.member import Member
 
 __all__ = ["RequestHandlers", "MAX_WAIT_S"]
 
@@ -108,7 +111,7 @@ class RequestHandlers:
                  "job_wait", "job_metrics", "snapshots", "delete_snapshot"} \
         | DashboardRequests.FORWARDED
 
-    def __init__(self, member: Any, member_info: Callable[[], dict],
+    def __init__(self, member: "Member", member_info: Callable[[], dict],
                  serving: Callable[[], bool], starts: Callable[[str], int]) -> None:
         self.member = member
         self.member_info = member_info
@@ -154,7 +157,7 @@ class RequestHandlers:
             if target is None and op in self.FORWARDED:
                 # a member that has just become the coordinator answers about the cluster's
                 # jobs once it has read their records
-                getattr(self.member, "await_coordination", lambda: None)()
+                self.member.await_coordination()
             if target is not None:
                 return self.member.forward_request(
                     data, peer, self._forward_timeout(req),
@@ -182,7 +185,7 @@ class RequestHandlers:
         """The member that must answer this request, when it is not this one: a light job's
         coordinator for requests about it, the cluster's coordinator for other job requests;
         None to answer here."""
-        if not getattr(self.member, "in_cluster", False) or op not in self.FORWARDED:
+        if not self.member.in_cluster or op not in self.FORWARDED:
             return None
         args = args if isinstance(args, dict) else {}
         if op == "jobs" and args.get("local"):
@@ -215,7 +218,7 @@ class RequestHandlers:
                 "submission_time": c.submission_time, "submitted": _iso(c.submission_time),
                 "completion_time": c.completion_time, "failure": c.failure_text,
                 "config": cfg, "last_snapshot": record_dict(c.last_snapshot),
-                "light": bool(getattr(c, "light", False)),
+                "light": c.light,
                 "snapshot_count": c.snapshot_count, "restart_count": c.restart_count,
                 "starts": self.starts(c.job_id), "done": c.is_done()}
 
@@ -226,7 +229,7 @@ class RequestHandlers:
         """The cluster: name, coordinator, quorum and every member (a member that is not part
         of a cluster describes itself as a cluster of one)."""
         state = "ACTIVE" if self.serving() else "PASSIVE"
-        if getattr(self.member, "in_cluster", False):
+        if self.member.in_cluster:
             info = self.member.cluster_info()
             return {**info, "version": version(), "state": state}
         info = self.member_info()
@@ -299,7 +302,7 @@ class RequestHandlers:
         """Every job; in a cluster the coordinator's jobs and every member's light jobs
         (``local``: this member's own only)."""
         out = [self._job_info(c) for c in self.member.coordinators()]
-        if local or not getattr(self.member, "in_cluster", False):
+        if local or not self.member.in_cluster:
             return out
         request = dumps({"op": "jobs", "args": {"local": True}})
         for reply in self.member.ask_other_members(request, peer):

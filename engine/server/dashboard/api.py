@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jetwake.engine.core.serialization import dumps, loads
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jetwake.engine.server.member import Member
 
 __all__ = ["ApiError", "DashboardApi", "STATE_ACTIONS", "EXPORT_ACTION"]
 
@@ -61,7 +64,7 @@ class DashboardApi:
     """The API over one member's request handlers; ``peer`` names the HTTP client in the
     member's log (``dashboard 127.0.0.1:40112``)."""
 
-    def __init__(self, member: Any, handlers: Any) -> None:
+    def __init__(self, member: "Member", handlers: Any) -> None:
         self.member = member
         self.handlers = handlers
 
@@ -80,7 +83,7 @@ class DashboardApi:
         itself; a member that does not answer in time shows none."""
         info = self.call("cluster", None, peer)
         members = info.get("members", [])
-        if not getattr(self.member, "in_cluster", False):
+        if not self.member.in_cluster:
             usage: dict = self.call("member_usage", None, peer)
             for m in members:
                 m.update(usage)
@@ -89,7 +92,7 @@ class DashboardApi:
         with concurrent.futures.ThreadPoolExecutor(max(1, len(members))) as pool:
             futures = {}
             for m in members:
-                if m.get("id") == getattr(self.member, "member_id", None):
+                if m.get("id") == self.member.member_id:
                     futures[m["id"]] = pool.submit(self.handlers.respond, frame, peer, False)
                 elif m.get("state") != "UNREACHABLE":
                     futures[m["id"]] = pool.submit(self.member.forward_request, frame, peer,

@@ -19,7 +19,10 @@ import os
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jetwake.engine.server.member import Member
 
 __all__ = ["ThroughputSampler", "sampler_of", "local_tasklets", "member_share",
            "process_usage", "kafka_partition_lag", "merge_shares", "HISTORY_POINTS"]
@@ -29,22 +32,14 @@ _NO_WATERMARK = -(2**63)
 HISTORY_POINTS = 120
 
 
-def local_tasklets(member: Any) -> dict[str, list]:
-    """This member's running processors, per job id. In a cluster they are the member's share
-    of each execution (whichever member coordinates it); otherwise the jobs' own."""
+def local_tasklets(member: "Member") -> dict[str, list]:
+    """This member's running processors, per job id: its share of each execution (whichever
+    member coordinates it; a member alone coordinates its own)."""
     out: dict[str, list] = {}
-    participant = getattr(member, "participant", None) \
-        if getattr(member, "in_cluster", False) else None
-    if participant is not None:
-        for ex in participant.running():
-            execution = ex.execution
-            if execution is not None and not execution.finished.is_set():
-                out.setdefault(ex.job_id, []).extend(execution.tasklets)
-        return out
-    for c in member.coordinators():
-        tasklets = c.running_tasklets()
-        if tasklets:
-            out[c.job_id] = tasklets
+    for ex in member.participant.running():
+        execution = ex.execution
+        if execution is not None and not execution.finished.is_set():
+            out.setdefault(ex.job_id, []).extend(execution.tasklets)
     return out
 
 
@@ -138,7 +133,7 @@ class ThroughputSampler:
         while not self._stop.wait(self.INTERVAL_S):
             member = self._member()
             # a member that is gone or shut down has nothing more to show
-            if member is None or getattr(member, "_shut_down", False):
+            if member is None or member.shutting_down:
                 return
             del member  # the weak reference must not be kept alive by this frame
             try:
@@ -220,7 +215,7 @@ def sampler_of(member: Any) -> ThroughputSampler:
         return sampler
 
 
-def member_share(member: Any, job_id: str | None = None) -> dict[str, dict]:
+def member_share(member: "Member", job_id: str | None = None) -> dict[str, dict]:
     """This member's share of its running jobs (or of ``job_id`` only): per job id, the
     readings of each vertex (see the module doc) with its current rates, and the rates over
     the last two minutes (``history``)."""

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from jetwake.engine.core.serialization import dumps
 from jetwake.engine.execution.plan import resolve_parallelism
 from jetwake.engine.server.dashboard.readings import (
     member_share, merge_shares, process_usage,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jetwake.engine.server.member import Member
 
 __all__ = ["DashboardRequests"]
 
@@ -117,7 +120,7 @@ class DashboardRequests:
 
     def _shares(self, peer: str, job_id: str | None = None) -> list[dict]:
         shares = [member_share(self.member, job_id)]
-        if getattr(self.member, "in_cluster", False):
+        if self.member.in_cluster:
             args = {"id": job_id} if job_id is not None else {}
             frame = dumps({"op": "dashboard_share", "args": args})
             for reply in self.member.ask_other_members(frame, peer, SHARE_TIMEOUT_S):

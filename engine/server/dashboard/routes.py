@@ -39,11 +39,14 @@ import re
 import urllib.parse
 from http.cookies import CookieError, SimpleCookie
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jetwake.engine.server.authentication import token_matches
 from jetwake.engine.server.dashboard.api import EXPORT_ACTION, ApiError, DashboardApi
 from jetwake.engine.server.dashboard.readings import sampler_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jetwake.engine.server.member import Member
 
 __all__ = ["Dashboard", "UI_AUTH_MODES", "TOKEN_HEADER", "TOKEN_COOKIE"]
 
@@ -93,7 +96,7 @@ class Dashboard:
     """The dashboard of one member: ``handle(request, method)`` answers one HTTP request of a
     :class:`http.server.BaseHTTPRequestHandler` (see the module doc)."""
 
-    def __init__(self, member: Any, handlers: Any, token: str | None,
+    def __init__(self, member: "Member", handlers: Any, token: str | None,
                  ui_auth: str = "open") -> None:
         if ui_auth not in UI_AUTH_MODES:
             raise ValueError(f"ui_auth must be one of {', '.join(UI_AUTH_MODES)}, got "
