@@ -288,7 +288,8 @@ class SnapshotCommitWriter:
 
 class DistributedSnapshot:
     """The coordinator's side of the snapshot protocol of a :class:`DistributedExecution`
-    (the interface of a member's SnapshotContext that the job coordinator uses)."""
+    (its SnapshotPhases): each phase runs on every member's SnapshotContext, through its
+    participant."""
 
     def __init__(self, execution: DistributedExecution) -> None:
         self.execution = execution

@@ -1,10 +1,10 @@
 """What a job's coordinator drives: an execution and its snapshots' two phases (Jet's
 MasterJobContext and MasterSnapshotContext seams).
 
-A single member's :class:`~jetwake.engine.execution.execution_service.Execution` and a
-cluster's ``DistributedExecution`` are both an :class:`ExecutionDriver`; a member's
-``SnapshotContext`` and a cluster's ``DistributedSnapshot`` are both :class:`SnapshotPhases`.
-The job's lifecycle and its snapshot driver only use these, so neither knows which runs.
+Every execution, on a member alone or on a cluster, is a
+:class:`~jetwake.engine.jobs.distributed_execution.DistributedExecution` and its snapshots a
+``DistributedSnapshot``; the job's lifecycle and its snapshot driver know them only by these
+Protocols.
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ asked for meanwhile in the order asked (the caller waits for its outcome). When 
 runs (the job is starting or stopping), a request is served on the caller's thread, still one
 at a time.
 
-It drives the two phases of whatever runs the job (:class:`SnapshotPhases`, one member's or
-every member's), writes the commit point with the job's writer, keeps the last good snapshot,
+It drives the two phases on every member of the execution (:class:`SnapshotPhases`), writes the commit point with the job's writer, keeps the last good snapshot,
 the counts the metrics show and the history of the latest attempts. What it needs of the job
 is :class:`SnapshotOwner`; it changes nothing of the job's status: a snapshot that cannot
 complete raises, and the job's lifecycle decides.
