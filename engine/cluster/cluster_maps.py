@@ -62,11 +62,11 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from jetwake.connectors.kafka.client_log import with_client_log
-from jetwake.engine.cluster.cluster_records import _check_bootstrap, ensure_compacted_topic
+from jetwake.engine.cluster.cluster_records import check_bootstrap, ensure_compacted_topic
 from jetwake.engine.cluster.cluster_topics import (
     TOPIC_MAX_MESSAGE_BYTES, create_topic, durable_config, replication_for,
 )
-from jetwake.engine.cluster.membership import _check_cluster_name
+from jetwake.engine.cluster.membership import check_cluster_name
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.core.partitioning import PARTITION_COUNT, partition_of
 from jetwake.engine.core.serialization import dumps, loads
@@ -481,8 +481,8 @@ class ClusterMaps:
     """
 
     def __init__(self, bootstrap_servers: str, cluster: str) -> None:
-        self.bootstrap_servers = _check_bootstrap(bootstrap_servers, "ClusterMaps")
-        self.cluster = _check_cluster_name(cluster)
+        self.bootstrap_servers = check_bootstrap(bootstrap_servers, "ClusterMaps")
+        self.cluster = check_cluster_name(cluster)
         self._lock = threading.Lock()
         self._maps: dict[str, ClusterMap] = {}
         self._lists: dict[str, ClusterList] = {}

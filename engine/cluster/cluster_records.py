@@ -36,11 +36,11 @@ from jetwake.connectors.kafka.client_log import with_client_log
 from jetwake.engine.cluster.cluster_topics import (
     TOPIC_MAX_MESSAGE_BYTES, create_topic, durable_config, replication_for,
 )
-from jetwake.engine.cluster.membership import CoordinatorFence, FencedError, _check_cluster_name
+from jetwake.engine.cluster.membership import CoordinatorFence, FencedError, check_cluster_name
 from jetwake.engine.core.errors import JetwakeError
 
 __all__ = ["ClusterRecords", "FencedError", "records_topic", "ensure_compacted_topic",
-           "CHUNK_SIZE", "TOPIC_MAX_MESSAGE_BYTES"]
+           "CHUNK_SIZE", "TOPIC_MAX_MESSAGE_BYTES", "check_bootstrap"]
 
 log = logging.getLogger("jetwake.cluster")
 
@@ -115,7 +115,7 @@ def _check_compacted(admin: AdminClient, topic: str, timeout: float) -> None:
                            "--add-config cleanup.policy=compact)")
 
 
-def _check_bootstrap(bootstrap_servers: Any, what: str) -> str:
+def check_bootstrap(bootstrap_servers: Any, what: str) -> str:
     if not isinstance(bootstrap_servers, str) or not bootstrap_servers.strip():
         raise ValueError(f"{what} needs Kafka's bootstrap servers, e.g. 'host:9092', "
                          f"got {bootstrap_servers!r}")
@@ -144,8 +144,8 @@ class ClusterRecords:
     """
 
     def __init__(self, bootstrap_servers: str, cluster: str) -> None:
-        self.bootstrap_servers = _check_bootstrap(bootstrap_servers, "ClusterRecords")
-        self.cluster = _check_cluster_name(cluster)
+        self.bootstrap_servers = check_bootstrap(bootstrap_servers, "ClusterRecords")
+        self.cluster = check_cluster_name(cluster)
         self.topic = records_topic(self.cluster)
         self._admin_client: AdminClient | None = None
         self._fence: CoordinatorFence | None = None

@@ -34,7 +34,7 @@ from jetwake.engine.cluster.cluster_topics import create_topic, replication_for
 from jetwake.engine.core.errors import JetwakeError
 
 __all__ = ["KafkaMembership", "MemberInfo", "CoordinatorFence", "FencedError",
-           "control_topic", "group_id"]
+           "control_topic", "group_id", "check_cluster_name"]
 
 log = logging.getLogger("jetwake.cluster")
 
@@ -54,7 +54,7 @@ def group_id(cluster: str) -> str:
     return f"jetwake-{cluster}"
 
 
-def _check_cluster_name(cluster: Any) -> str:
+def check_cluster_name(cluster: Any) -> str:
     if not isinstance(cluster, str) or not cluster or not all(
             c.isalnum() or c in "-_." for c in cluster):
         raise ValueError(f"a cluster name must be a non-empty string of letters, digits, '-', "
@@ -88,7 +88,7 @@ class KafkaMembership:
         if "/" in member_id or "/" in address:
             raise ValueError("a member id and address must not contain '/'")
         self.bootstrap_servers = bootstrap_servers
-        self.cluster = _check_cluster_name(cluster)
+        self.cluster = check_cluster_name(cluster)
         self.member_id = member_id
         self.address = address
         self.session_timeout_ms = session_timeout_ms
@@ -296,7 +296,7 @@ class CoordinatorFence:
     :meth:`write` raises :class:`FencedError` and commits nothing."""
 
     def __init__(self, bootstrap_servers: str, cluster: str, timeout: float = 30.0) -> None:
-        self.cluster = _check_cluster_name(cluster)
+        self.cluster = check_cluster_name(cluster)
         self._producer = Producer(with_client_log({
             "bootstrap.servers": bootstrap_servers,
             "transactional.id": f"jetwake-{self.cluster}-coordinator",

@@ -32,9 +32,9 @@ from confluent_kafka.admin import AdminClient
 
 from jetwake.connectors.kafka.client_log import with_client_log
 from jetwake.engine.cluster.cluster_records import (
-    TOPIC_MAX_MESSAGE_BYTES, _check_bootstrap, ensure_compacted_topic,
+    TOPIC_MAX_MESSAGE_BYTES, check_bootstrap, ensure_compacted_topic,
 )
-from jetwake.engine.cluster.membership import _check_cluster_name
+from jetwake.engine.cluster.membership import check_cluster_name
 from jetwake.engine.core.errors import JetwakeError, SnapshotError, SnapshotWriteError
 
 __all__ = ["SnapshotDataTopic", "SnapshotDataMissingError", "snapshot_data_topic", "files_under",
@@ -159,8 +159,8 @@ class SnapshotDataTopic:
     """
 
     def __init__(self, bootstrap_servers: str, cluster: str) -> None:
-        self.bootstrap_servers = _check_bootstrap(bootstrap_servers, "SnapshotDataTopic")
-        self.cluster = _check_cluster_name(cluster)
+        self.bootstrap_servers = check_bootstrap(bootstrap_servers, "SnapshotDataTopic")
+        self.cluster = check_cluster_name(cluster)
         self.topic = snapshot_data_topic(self.cluster)
         self._admin_client: AdminClient | None = None
         self._producer: Producer | None = None
