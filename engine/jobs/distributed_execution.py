@@ -207,7 +207,7 @@ class DistributedExecution:
             self._call(member, CancelExecution(exec_key=self.exec_key), 10.0)
         except Exception as e:  # noqa: BLE001 - a member out of reach ends by itself
             log.warning("cancelling %s on member %s failed: %s", self.exec_key, member, e)
-            if getattr(e, "restartable", False):
+            if getattr(e, "restartable", False):  # the network's verdict: out of reach
                 # out of reach (its process is gone, most likely): its share is counted as
                 # ended now, so the job restarts without waiting for Kafka to drop the member;
                 # if it still runs, it stops when it learns its execution is no longer current

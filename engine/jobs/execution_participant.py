@@ -276,9 +276,7 @@ class ExecutionParticipant:
         done = snap.wait_phase2(snapshot_id, msg.timeout, lambda: execution.cancelled)
         if success:
             # the previous snapshot stays (a restore may fall back to it), older ones go
-            remove = getattr(self.member.snapshot_store, "remove_local_before", None)
-            if remove is not None:
-                remove(ex.job_id, snapshot_id - 1)
+            self.member.snapshot_store.remove_local_before(ex.job_id, snapshot_id - 1)
         return Phase2Result(done=done)
 
     def cancel(self, exec_key: str) -> None:
@@ -304,9 +302,7 @@ class ExecutionParticipant:
 
     def forget_job(self, job_id: str) -> None:
         """The job ended for good: drops this member's copies of its snapshots."""
-        remove = getattr(self.member.snapshot_store, "remove_local_job", None)
-        if remove is not None:
-            remove(job_id)
+        self.member.snapshot_store.remove_local_job(job_id)
 
     def cancel_all(self) -> None:
         """Stops every execution (the member is shutting down)."""

@@ -67,7 +67,7 @@ def check_fallback(tasklets: list, config: JobConfig, job_name: str, skipped_dam
             or config.accept_at_least_once_on_fallback:
         return
     sinks = sorted({t.context.vertex_name for t in tasklets
-                    if getattr(t.processor, "transactional_sink", False)})
+                    if t.processor.transactional_sink})
     if not sinks:
         return
     if accept_once:

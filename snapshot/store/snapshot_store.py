@@ -631,6 +631,15 @@ class SnapshotStore:
                                         self._read_record(os.path.join(base, entry))):
                 shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
 
+    def remove_local_before(self, job_id: str, snapshot_id: int) -> None:
+        """Drops this member's local copies of the job's snapshots older than
+        ``snapshot_id``, once a newer one committed. A store whose snapshots are only its own
+        has no copies besides the snapshots themselves, which :meth:`prune` keeps in check."""
+
+    def remove_local_job(self, job_id: str) -> None:
+        """Drops this member's local copies of a job's snapshots once the job ended for good
+        (see :meth:`remove_local_before`)."""
+
     def delete_job_snapshots(self, job_id: str) -> None:
         """Deletes the job's automatic snapshots (named exports stay)."""
         if self.root is None:
