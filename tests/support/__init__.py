@@ -12,6 +12,7 @@ not a helper.
 - ``clock``: ``ControlledClock``, moved by hand in tests of clock-driven code.
 - ``restores``: which snapshots a member process restored its jobs from, for the kill tests.
 - ``ports``: ``free_port``.
+- ``package_files``: the files of the jetwake package, the code folders' links followed.
 - ``kafka_broker``: the pytest plugin of the Kafka broker (tests/conftest.py loads it), with
   ``local_kafka/kafka_local.py`` (also ``make kafka-up``).
 - ``cluster_processes``: member processes of a cluster (``jetwake member start``), and the
