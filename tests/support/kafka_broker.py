@@ -24,11 +24,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from support.waiting import wait_until
 
 _KAFKA_LOCAL = Path(__file__).resolve().parent / "local_kafka" / "kafka_local.py"
 
@@ -145,18 +146,18 @@ def _admin(bootstrap: str):
     return AdminClient({"bootstrap.servers": bootstrap})
 
 
-def _wait_for_topic(admin, name: str, partitions: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_for_topic(admin, name: str, partitions: int, timeout: float = 30.0) -> None:
+    """Returns once a topic just created has its ``partitions``, each with a leader: before,
+    a producer or a job may find it missing."""
+    def ready() -> bool:
         try:
             md = admin.list_topics(topic=name, timeout=5).topics.get(name)
         except Exception:  # noqa: BLE001 - transient while the topic is being created
-            md = None
-        if (md is not None and md.error is None and len(md.partitions) == partitions
-                and all(p.leader >= 0 for p in md.partitions.values())):
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"topic {name!r} did not appear within {timeout:.0f}s")
+            return False
+        return (md is not None and md.error is None and len(md.partitions) == partitions
+                and all(p.leader >= 0 for p in md.partitions.values()))
+    wait_until(ready, timeout=timeout, interval=0.1,
+               what=f"topic {name!r} with a leader for each of its {partitions} partitions")
 
 
 @pytest.fixture
@@ -177,7 +178,7 @@ def kafka_topic(kafka_bootstrap, request):
                                   operation_timeout=30)[name]
         fut.result(timeout=60)
         created.append(name)
-        _wait_for_topic(admin, name, partitions)
+        wait_for_topic(admin, name, partitions)
         return name
 
     yield new_topic
