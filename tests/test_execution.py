@@ -208,8 +208,7 @@ def test_cancel_stops_an_infinite_job_promptly():
     dag.edge(Edge.between(src, sink))
     with Member() as m:
         job = m.new_job(dag)
-        time.sleep(0.1)
-        assert job.status is JobStatus.RUNNING
+        wait_until(lambda: job.status is JobStatus.RUNNING, what="the job to run")
         start = time.monotonic()
         job.cancel()
         with pytest.raises(JobCancelledError):
@@ -219,11 +218,14 @@ def test_cancel_stops_an_infinite_job_promptly():
 
 
 def test_cancel_stops_an_infinite_non_cooperative_processor():
+    running = threading.Event()
+
     class BlockingForever(Processor):
         def is_cooperative(self):
             return False
 
         def complete(self):
+            running.set()
             time.sleep(0.001)
             return False
 
@@ -231,7 +233,7 @@ def test_cancel_stops_an_infinite_non_cooperative_processor():
     dag.new_vertex("blocking", BlockingForever, 1)
     with Member() as m:
         job = m.new_job(dag)
-        time.sleep(0.05)
+        wait_until(running.is_set, what="the processor to run")
         start = time.monotonic()
         job.cancel()
         with pytest.raises(JobCancelledError):

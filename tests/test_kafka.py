@@ -23,7 +23,7 @@ from jetwake.connectors.kafka.source import owner_of_partition
 
 from support.kafka_job import Proc, Reader, check_exactly_once, produce
 from support.restores import restored_snapshots, wait_for_a_new_snapshot
-from support.waiting import wait_until
+from support.waiting import poll_until, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -35,10 +35,13 @@ def read_all(bootstrap: str, topic: str, n: int, timeout: float = 30.0,
                   "isolation.level": "read_committed" if committed else "read_uncommitted"})
     c.subscribe([topic])
     out = []
-    end = time.monotonic() + timeout
+
+    def enough() -> bool:
+        out.extend(m for m in c.consume(1000, 0.3) if not m.error())
+        return len(out) >= n
     try:
-        while len(out) < n and time.monotonic() < end:
-            out += [m for m in c.consume(1000, 0.3) if not m.error()]
+        # the callers compare what came with what they expected: no failure here
+        poll_until(enough, timeout=timeout, interval=0)
     finally:
         c.close()
     return out
@@ -274,10 +277,9 @@ def _restart_broker(kl, port: int, down_seconds: float) -> None:
     pid = state["nodes"][0]["pid"]
     cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:-1]
     os.kill(pid, signal.SIGTERM)
-    end = time.monotonic() + 30
-    while kl._pid_alive(pid) and time.monotonic() < end:
-        time.sleep(0.1)
-    time.sleep(down_seconds)
+    wait_until(lambda: not kl._pid_alive(pid), timeout=30, interval=0.1,
+               what="the broker to stop")
+    time.sleep(down_seconds)  # how long the broker is away is the experiment
     log = open(kl.run_dir(port) / "broker-1.log", "ab")
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True, close_fds=True, cwd=kl.run_dir(port))
