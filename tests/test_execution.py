@@ -13,7 +13,7 @@ from jetwake import (
 )
 from jetwake.engine.execution.execution_service import Execution, ExecutionService
 from jetwake.engine.execution.tasklet import DONE_STATE, MADE_PROGRESS, NO_PROGRESS
-from support.waiting import wait_until
+from support.waiting import stays_true, wait_until
 
 TIMEOUT = 20
 
@@ -403,7 +403,7 @@ def test_execution_calls_on_end_once_after_every_tasklet_ended():
     try:
         svc.submit(Execution("e", tasklets, on_end))
         assert done.wait(5)
-        time.sleep(0.05)
+        stays_true(lambda: len(calls) == 1, seconds=0.05, what="one call of on_end")
         assert calls == [[1, 1, 1]]
     finally:
         svc.shutdown()

@@ -23,7 +23,7 @@ from jetwake.connectors.kafka.source import owner_of_partition
 
 from support.kafka_job import Proc, Reader, check_exactly_once, produce
 from support.restores import restored_snapshots, wait_for_a_new_snapshot
-from support.waiting import poll_until, wait_until
+from support.waiting import poll_until, stays_true, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -361,7 +361,9 @@ def test_native_timestamps_follow_per_partition_watermarks(kafka_bootstrap, kafk
         results = m.get_list("windows")
         wait_until(lambda: sum(r.result for r in results) >= len(closed), timeout=60,
                    what="the windows before the partition behind")
-        time.sleep(1.0)  # nothing later closes while that partition holds the watermark
+        # nothing later closes while that partition holds the watermark
+        stays_true(lambda: sum(r.result for r in results) == len(closed), seconds=1.0,
+                   what="no window after the partition behind closing")
         late = sum(v.get("late_events", 0) for v in job.metrics().values())
         got = Counter()
         for r in results:
