@@ -4,6 +4,7 @@ restart, and the property checks."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -78,7 +79,8 @@ def test_jet_partition_assignment_formula():
 
 # --- with the broker -------------------------------------------------------------------------
 
-def test_formats_projection_and_start(kafka_bootstrap, kafka_topic):
+def test_formats_projection_and_start(kafka_bootstrap, kafka_topic, caplog):
+    caplog.set_level(logging.DEBUG, logger="jetwake.kafka")
     tin, tout, tproj = kafka_topic(partitions=3), kafka_topic(partitions=1), kafka_topic()
     props = {"bootstrap.servers": kafka_bootstrap}
     p = Producer(props)
@@ -123,10 +125,13 @@ def test_formats_projection_and_start(kafka_bootstrap, kafka_topic):
         out_t = kafka_topic()
         pl3 = Pipeline()
         pl3.read_from(Sources.kafka(tl, props, start=start)).write_to(Sinks.kafka(out_t, props))
-        with Member() as m:
+        with Member() as m:  # one processor per vertex: one source processor
+            caplog.clear()
             job = m.new_job(pl3)
             if start == "latest":
-                time.sleep(2.0)  # the job has resolved its start offsets
+                # the source processor has resolved "latest" to offsets, and logged what it reads
+                wait_until(lambda: " reads [" in caplog.text,
+                           what="the source to resolve its start offsets")
                 produce(kafka_bootstrap, tl, 50, 10)
             got = read_all(kafka_bootstrap, out_t, expect, timeout=20)
             got += read_all(kafka_bootstrap, out_t, expect + 100, timeout=1.0)[len(got):]
@@ -187,7 +192,8 @@ def test_restore_with_another_parallelism(kafka_bootstrap, kafka_topic, tmp_path
     assert len(restored_snapshots(data)) >= 2, restored_snapshots(data)
 
 
-def test_partition_added_while_running(kafka_bootstrap, kafka_topic):
+def test_partition_added_while_running(kafka_bootstrap, kafka_topic, caplog):
+    caplog.set_level(logging.INFO, logger="jetwake.kafka")
     tin, tout = kafka_topic(partitions=2), kafka_topic()
     props = {"bootstrap.servers": kafka_bootstrap, "jetwake.partition.discovery.ms": 300}
     produce(kafka_bootstrap, tin, 0, 100)
@@ -200,7 +206,9 @@ def test_partition_added_while_running(kafka_bootstrap, kafka_topic):
         assert len(read_all(kafka_bootstrap, tout, 100)) == 100
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
         admin.create_partitions([NewPartitions(tin, 5)])[tin].result(30)
-        time.sleep(1.0)
+        # the source's processors found the new partitions (each logs those it reads)
+        wait_until(lambda: all(f"('{tin}', {part})" in caplog.text for part in (2, 3, 4)),
+                   what="the source to find partitions 2, 3 and 4")
         p = Producer({"bootstrap.servers": kafka_bootstrap})
         for part in (2, 3, 4):
             for i in range(20):
