@@ -101,39 +101,33 @@ def kafka_bootstrap():
         pytest.fail("no Kafka broker available for the kafka tests:\n  - "
                     + "\n  - ".join(errors)
                     + "\nSet KAFKA_BOOTSTRAP_SERVERS to use an existing broker.", pytrace=False)
-    _watch_for_orphaning(port)
+    watch_for_orphaning(port)
     try:
         yield bootstrap
     finally:
         kl.stop_broker(port)
 
 
+# ends when the broker's state is gone: the tests stopped their broker themselves
 _WATCHDOG = """
-import os, socket, sys, time
+import os, sys, time
 parent, port, script_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 sys.path.insert(0, script_dir)
-closed = 0
-while True:
+import kafka_local
+while kafka_local._read_state(port) is not None:
     time.sleep(1)
     try:
         os.kill(parent, 0)
     except ProcessLookupError:
-        import kafka_local
         kafka_local.stop_broker(port)
         break
-    try:
-        socket.create_connection(("127.0.0.1", port), 1).close()
-        closed = 0
-    except OSError:
-        closed += 1
-        if closed >= 3:  # the session stopped its broker itself
-            break
 """
 
 
-def _watch_for_orphaning(port: int) -> None:
-    """Stops the session's broker if this pytest process dies without its teardown (killed by
-    a timeout, say): a small process of its own session watches the test process."""
+def watch_for_orphaning(port: int) -> None:
+    """Stops a broker that kafka_local started on ``port`` (the session's, or a test module's
+    own) if this pytest process dies without its teardown (killed by a timeout, say): a small
+    process of its own session watches the test process."""
     script_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_kafka")
     subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(port), script_dir],
                      start_new_session=True, stdin=subprocess.DEVNULL,
