@@ -18,13 +18,13 @@ BASE_STAMP := $(VENV)/.installed-base
 TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 
-# The editable install maps three folders (engine/, snapshot/, connectors/) below the `jetwake`
-# package, which setuptools can only do with an import hook (a static .pth file cannot rename
-# folders). For that strategy setuptools always emits an informational warning, "Editable
-# installation ... folders in your working directory with the same name as your package may
-# take precedence": here the folder of that name, jetwake/, *is* the package, so the warning
-# does not apply. That one message is filtered (pip shows the build backend's warnings even
-# with -q); every other warning still shows.
+# The editable install maps the package, jetwake/ (with the code folders linked into it), with
+# an import hook: a static .pth file would put the repository's root on sys.path, and every
+# other folder there with it. For that strategy setuptools always emits an informational
+# warning, "Editable installation ... folders in your working directory with the same name as
+# your package may take precedence": here the folder of that name, jetwake/, *is* the package,
+# so the warning does not apply. That one message is filtered (pip shows the build backend's
+# warnings even with -q); every other warning still shows.
 PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q
 
 $(PY):

@@ -1,4 +1,4 @@
-"""``jetwake.connectors``: the folder connectors/ installs below the jetwake package (pyproject.toml).
+"""``jetwake.connectors``: the folder connectors/, linked into the package as jetwake/connectors.
 
 Imported by the folder's own name from the repository root, it would be a second copy of every
 module, with classes unequal to jetwake.connectors's (two ``DAG`` classes, two registries), so that

@@ -1,4 +1,4 @@
-"""``jetwake.engine``: the folder engine/ installs below the jetwake package (pyproject.toml).
+"""``jetwake.engine``: the folder engine/, linked into the package as jetwake/engine.
 
 Imported by the folder's own name from the repository root, it would be a second copy of every
 module, with classes unequal to jetwake.engine's (two ``DAG`` classes, two registries), so that

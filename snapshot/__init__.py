@@ -1,4 +1,4 @@
-"""``jetwake.snapshot``: the folder snapshot/ installs below the jetwake package (pyproject.toml).
+"""``jetwake.snapshot``: the folder snapshot/, linked into the package as jetwake/snapshot.
 
 Imported by the folder's own name from the repository root, it would be a second copy of every
 module, with classes unequal to jetwake.snapshot's (two ``DAG`` classes, two registries), so that

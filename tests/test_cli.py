@@ -17,7 +17,7 @@ import pytest
 
 from jetwake.engine.server.cli import build_parser, main
 from support.cli_member import MemberProc, cli, free_port, ok
-from support.waiting import wait_until
+from support.waiting import stays_true, wait_until
 
 # a FILE.py with a custom unbounded source (its class travels to the member by value)
 COUNTER_PY = '''
@@ -229,8 +229,8 @@ def test_a_second_signal_forces_the_exit(tmp_path, counter_py):
                "--snapshot-interval", "600000", "--", "seen", "60", address=member.address))
         member.proc.send_signal(signal.SIGTERM)
         wait_until(lambda: "shutting down gracefully" in member.log, what="the first signal")
-        time.sleep(0.3)
-        assert member.proc.poll() is None
+        stays_true(lambda: member.proc.poll() is None, seconds=0.3,
+                   what="the member running after the first signal")
         t0 = time.monotonic()
         member.proc.send_signal(signal.SIGTERM)
         assert member.proc.wait(10) != 0

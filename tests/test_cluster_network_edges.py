@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from support.waiting import wait_until
+from support.waiting import stays_true, wait_until
 
 from jetwake.engine.cluster.flow_control import INITIAL_WINDOW_BYTES
 from jetwake.engine.cluster.network_edges import FLOW_CONTROL_INTERVAL
@@ -31,23 +31,22 @@ def offer_all(q, entries, deadline_s: float = 15.0) -> None:
     """Offers each entry until the queue takes it, as the outbound side retries a refusal."""
     deadline = time.monotonic() + deadline_s
     for entry in entries:
-        while not q.offer(entry):
-            assert time.monotonic() < deadline, f"{q.name}: the window never reopened"
-            time.sleep(0.001)
+        wait_until(lambda: q.offer(entry), timeout=max(0.0, deadline - time.monotonic()),
+                   interval=0.001, what=f"{q.name}: the window to reopen")
 
 
 def drain_until_done(q, deadline_s: float = 15.0) -> list:
     """What a downstream processor would take out of the queue, up to and including DONE."""
     got = []
-    deadline = time.monotonic() + deadline_s
-    while True:
+
+    def done_arrived() -> bool:
         while q:
-            entry = q.popleft()
-            got.append(entry)
-            if entry is DONE:
-                return got
-        assert time.monotonic() < deadline, f"{q.name}: DONE did not arrive"
-        time.sleep(0.0005)
+            got.append(q.popleft())
+            if got[-1] is DONE:
+                return True
+        return False
+    wait_until(done_arrived, timeout=deadline_s, interval=0.0005, what=f"{q.name}: DONE")
+    return got
 
 
 def test_items_of_several_streams_arrive_complete_and_in_order_in_few_packets(pair):
@@ -119,10 +118,8 @@ def test_a_receiver_that_does_not_drain_stops_its_sender_within_one_window(pair)
     assert INITIAL_WINDOW_BYTES <= accepted * chunk_bytes < INITIAL_WINDOW_BYTES + chunk_bytes
     wait_until(lambda: len(q) == accepted, what="the accepted chunks to reach the receiver")
     # for many flow-control intervals, nothing more gets through and memory stays bounded
-    keep_trying_until = time.monotonic() + 15 * FLOW_CONTROL_INTERVAL
-    while time.monotonic() < keep_trying_until:
-        assert not rq.offer(chunk)
-        time.sleep(FLOW_CONTROL_INTERVAL / 4)
+    stays_true(lambda: not rq.offer(chunk), seconds=15 * FLOW_CONTROL_INTERVAL,
+               interval=FLOW_CONTROL_INTERVAL / 4, what="the sender held back")
     assert len(q) == accepted
     assert b.edges.queued_bytes() == accepted * chunk_bytes
     assert b.edges.queued_bytes() < INITIAL_WINDOW_BYTES + chunk_bytes
@@ -203,12 +200,13 @@ def test_a_sender_whose_connection_broke_fails_instead_of_losing_items_silently(
     offer_all(rq, [[1]])
     wait_until(lambda: len(q) == 1, what="the first chunk to arrive")
     b.stop()
-    deadline = time.monotonic() + 10
+
+    def offers_go_on() -> bool:
+        rq.offer([2])  # raises once the stream knows its connection is gone for good
+        return False
     with pytest.raises(PeerUnreachableError, match="stream exec-1/0:0->1 needs the connection "
                                                    "to member b"):
-        while time.monotonic() < deadline:
-            rq.offer([2])
-            time.sleep(0.001)
+        wait_until(offers_go_on, timeout=10, interval=0.001, what="an offer to be refused")
 
 
 def test_streams_both_ways_between_two_members(pair):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from support.cluster_processes import ClusterMemberProcess, ClusterProcesses
-from support.kafka_broker import _kafka_local
+from support.kafka_broker import _kafka_local, watch_for_orphaning
 from support.network_partition import NamespacesUnavailable, PartitionNetwork
 from support.cluster_sums import (
     Output, by_key, new_topic, produce_events, running_sums, sums_job_file,
@@ -45,21 +45,6 @@ def net():
         network.close()
 
 
-_WATCHDOG = """
-import os, sys, time
-parent, port, script_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-sys.path.insert(0, script_dir)
-import kafka_local
-while kafka_local._read_state(port) is not None:
-    time.sleep(1)
-    try:
-        os.kill(parent, 0)
-    except ProcessLookupError:
-        kafka_local.stop_broker(port)
-        break
-"""
-
-
 @pytest.fixture(scope="module")
 def bridge_kafka(net: PartitionNetwork):
     """A broker of this module listening on the bridge's address, where the members in their
@@ -68,11 +53,7 @@ def bridge_kafka(net: PartitionNetwork):
     port = kl.free_port()
     try:
         bootstrap = kl.start_broker(port, host=net.host_address)
-        # stops the broker should this process die without its teardown
-        subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(port),
-                          str(Path(kl.__file__).parent)], start_new_session=True,
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+        watch_for_orphaning(port)
         yield bootstrap
     finally:
         kl.stop_broker(port)

@@ -5,7 +5,6 @@ transparently, and what was written outlives its writer."""
 from __future__ import annotations
 
 import os
-import time
 import uuid
 
 import pytest
@@ -230,16 +229,19 @@ def _raw_records(cluster) -> dict[str, bytes | None]:
         consumer.assign([TopicPartition(topic, 0, 0)])
         latest: dict[str, bytes | None] = {}
         reached = 0
-        deadline = time.monotonic() + 30
-        while reached < end:
-            assert time.monotonic() < deadline, f"timed out reading {topic} to offset {end}"
+
+        def at_the_end() -> bool:
+            nonlocal reached
+            if reached >= end:
+                return True
             m = consumer.poll(0.5)
-            for m in ([m] if m is not None else []):
-                if m.error() is not None:
-                    reached = max(reached, m.offset())
-                    continue
+            if m is not None and m.error() is not None:
+                reached = max(reached, m.offset())
+            elif m is not None:
                 reached = m.offset() + 1
                 latest[m.key().decode()] = m.value()
+            return reached >= end
+        wait_until(at_the_end, timeout=30, interval=0, what=f"reading {topic} to offset {end}")
         return latest
     finally:
         consumer.close()

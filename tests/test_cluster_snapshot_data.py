@@ -5,7 +5,6 @@ the same bytes, or an error naming the file when its records are gone or damaged
 from __future__ import annotations
 
 import os
-import time
 import uuid
 import zlib
 
@@ -17,6 +16,7 @@ from jetwake.engine.cluster.snapshot_data_topic import (
     CHUNK_SIZE, SnapshotDataMissingError, SnapshotDataTopic, files_under, snapshot_data_topic,
 )
 from jetwake.engine.core.errors import SnapshotWriteError
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -213,17 +213,18 @@ def _latest_by_key(cluster) -> dict[str, bytes | None]:
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         reached = {p: 0 for p in partitions}
         latest: dict[str, bytes | None] = {}
-        deadline = time.monotonic() + 30
-        while any(reached[p] < ends[p] for p in partitions):
-            assert time.monotonic() < deadline, f"timed out reading {topic}"
+
+        def at_the_end() -> bool:
+            if all(reached[p] >= ends[p] for p in partitions):
+                return True
             m = consumer.poll(0.5)
-            if m is None:
-                continue
-            if m.error() is not None:
+            if m is not None and m.error() is not None:
                 reached[m.partition()] = max(reached[m.partition()], m.offset())
-                continue
-            reached[m.partition()] = m.offset() + 1
-            latest[m.key().decode()] = m.value()
+            elif m is not None:
+                reached[m.partition()] = m.offset() + 1
+                latest[m.key().decode()] = m.value()
+            return all(reached[p] >= ends[p] for p in partitions)
+        wait_until(at_the_end, timeout=30, interval=0, what=f"reading {topic} to its end")
         return latest
     finally:
         consumer.close()

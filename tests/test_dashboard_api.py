@@ -24,7 +24,7 @@ from jetwake.engine.jobs.snapshot_history import SNAPSHOT_HISTORY, SnapshotHisto
 from jetwake.engine.server.dashboard import routes
 from jetwake.engine.server.metrics import MetricsServer
 from support.dashboard import TOKEN, DashboardMember, Http, free_port
-from support.waiting import wait_until
+from support.waiting import stays_true, wait_until
 
 
 def late_every_tenth(timestamp: int, sequence: int) -> tuple[int, int]:
@@ -315,11 +315,9 @@ def test_an_action_without_the_right_token_is_refused_and_changes_nothing(member
     assert r.headers["Content-Type"] == "application/json"
     assert "refused" in r.json["message"] and r.json["error"] == r.json["message"]
     # nothing happened, then or later
-    deadline = time.monotonic() + 1.0
-    while time.monotonic() < deadline:
-        assert job.status == JobStatus.RUNNING
-        assert coordinator.restart_count == restarts and member.snapshots() == []
-        time.sleep(0.05)
+    stays_true(lambda: job.status == JobStatus.RUNNING and coordinator.restart_count == restarts
+               and member.snapshots() == [], seconds=1.0,
+               what="the job running, neither restarted nor snapshotted")
 
 
 def test_an_action_from_another_site_is_refused_even_with_the_token(member, http):

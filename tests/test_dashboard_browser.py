@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from support.dashboard import TOKEN, DashboardMember
-from support.waiting import wait_until
+from support.waiting import stays_true, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -190,10 +189,8 @@ def test_a_suspend_clicked_with_a_wrong_token_changes_nothing(browser, member, t
     assert "wrong token" in text_of(browser, "#notice")
     screenshot(browser, tmp_path, "refused")
     # nothing happens: the page and the member keep saying RUNNING
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        assert text_of(browser, "#job-status") in ("RUNNING", None)
-        time.sleep(0.1)
+    stays_true(lambda: text_of(browser, "#job-status") in ("RUNNING", None), seconds=2,
+               interval=0.1, what="the page saying RUNNING")
     assert member.status("windows") == "RUNNING"
     assert "dashboard: suspend of job" in member.log and "wrong token" in member.log
 

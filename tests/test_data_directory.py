@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from jetwake import JobConfig, JobNotFoundError, JobStatus, Member
 from jetwake.engine.core.errors import SnapshotError
 from jetwake.engine.jobs.job_records import JobRecordError
 from support.snapshot_fixtures import running_sum_pipeline
+from support.waiting import wait_until
 
 
 def eo(name: str = "sums") -> JobConfig:
@@ -20,10 +20,7 @@ def eo(name: str = "sums") -> JobConfig:
 
 
 def wait_for_snapshot(job) -> None:
-    end = time.time() + 20
-    while job.last_snapshot is None:
-        assert time.time() < end, "no snapshot in time"
-        time.sleep(0.01)
+    wait_until(lambda: job.last_snapshot, timeout=20, what="a snapshot")
 
 
 def test_maps_keep_their_contents_across_members_on_the_same_directory(tmp_path):

@@ -66,6 +66,7 @@ from pathlib import Path
 import pytest
 
 from support.ports import free_port as _free_port
+from support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -404,19 +405,19 @@ class Session:
                                     stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT)
         self.members.append((proc, log))
-        deadline = time.monotonic() + 60
-        while True:
+
+        def serving() -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"{block.where}: `{shlex.join(args)}` exited with "
                             f"{proc.returncode} before it served\n{_tail(log)}", pytrace=False)
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return
+                return True
             except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"{block.where}: the member did not accept connections on port "
-                                f"{port} within 60 s\n{_tail(log)}", pytrace=False)
-                time.sleep(0.1)
+                return False
+        wait_until(serving, timeout=60, interval=0.1,
+                   what=lambda: f"{block.where}: the member to accept connections on port "
+                   f"{port}\n{_tail(log)}")
 
     def _member_logs(self) -> str:
         return "".join(f"\nmember log ({log.name}):\n{_tail(log)}" for _, log in self.members)

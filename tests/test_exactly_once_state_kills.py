@@ -20,6 +20,7 @@ import time
 import pytest
 
 from support.restores import restored_snapshots, wait_for_a_new_snapshot
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -131,12 +132,15 @@ def test_kafka_map_stateful_list_counter_is_exact_in_every_output_record(tmp_pat
                          "enable.auto.commit": False})
     try:
         consumer.subscribe([out_topic])
-        deadline = time.monotonic() + 120
-        while sum(len(v) for v in got.values()) < EVENTS and time.monotonic() < deadline:
+
+        def all_out() -> bool:
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
             for msg in consumer.consume(1000, timeout=0.5):
                 if msg.error() is None:
                     got[msg.key().decode()].append(int(msg.value().decode()))
+            return sum(len(v) for v in got.values()) >= EVENTS
+        wait_until(all_out, timeout=120, interval=0, what=lambda: f"{EVENTS} output records "
+                   f"({sum(len(v) for v in got.values())} arrived)")
         # a duplicate written late would still arrive now
         for msg in consumer.consume(1000, timeout=2.0):
             if msg.error() is None:

@@ -13,7 +13,7 @@ from jetwake import (
 )
 from jetwake.engine.execution.execution_service import Execution, ExecutionService
 from jetwake.engine.execution.tasklet import DONE_STATE, MADE_PROGRESS, NO_PROGRESS
-from support.waiting import wait_until
+from support.waiting import stays_true, wait_until
 
 TIMEOUT = 20
 
@@ -208,8 +208,7 @@ def test_cancel_stops_an_infinite_job_promptly():
     dag.edge(Edge.between(src, sink))
     with Member() as m:
         job = m.new_job(dag)
-        time.sleep(0.1)
-        assert job.status is JobStatus.RUNNING
+        wait_until(lambda: job.status is JobStatus.RUNNING, what="the job to run")
         start = time.monotonic()
         job.cancel()
         with pytest.raises(JobCancelledError):
@@ -219,11 +218,14 @@ def test_cancel_stops_an_infinite_job_promptly():
 
 
 def test_cancel_stops_an_infinite_non_cooperative_processor():
+    running = threading.Event()
+
     class BlockingForever(Processor):
         def is_cooperative(self):
             return False
 
         def complete(self):
+            running.set()
             time.sleep(0.001)
             return False
 
@@ -231,7 +233,7 @@ def test_cancel_stops_an_infinite_non_cooperative_processor():
     dag.new_vertex("blocking", BlockingForever, 1)
     with Member() as m:
         job = m.new_job(dag)
-        time.sleep(0.05)
+        wait_until(running.is_set, what="the processor to run")
         start = time.monotonic()
         job.cancel()
         with pytest.raises(JobCancelledError):
@@ -401,7 +403,7 @@ def test_execution_calls_on_end_once_after_every_tasklet_ended():
     try:
         svc.submit(Execution("e", tasklets, on_end))
         assert done.wait(5)
-        time.sleep(0.05)
+        stays_true(lambda: len(calls) == 1, seconds=0.05, what="one call of on_end")
         assert calls == [[1, 1, 1]]
     finally:
         svc.shutdown()

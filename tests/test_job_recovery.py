@@ -27,7 +27,7 @@ from jetwake.engine.core.errors import (
     FallbackRefusedError, JobStateError, SnapshotError, SnapshotWriteError, is_restartable_cause,
 )
 from support.snapshot_fixtures import running_sum_pipeline
-from support.waiting import wait_until
+from support.waiting import stays_true, wait_until
 
 
 class Service:
@@ -231,10 +231,8 @@ def test_retries_stop_at_member_shutdown_and_the_job_resumes_on_the_next_start(t
     accepted = service.accepted
     service.up()
     # the longest back-off so far is 2 s: a retry still alive would connect within that
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        assert service.accepted == accepted, "a retry ran after the member shut down"
-        time.sleep(0.05)
+    stays_true(lambda: service.accepted == accepted, seconds=3,
+               what="no retry after the member shut down")
     with Member(tmp_path) as m:  # its record still says it was running
         assert m.job("remote").status == JobStatus.RUNNING
         assert service.accepted == accepted + 1
@@ -269,11 +267,8 @@ def test_cancel_while_a_restart_is_retrying_ends_the_job_and_the_retries(service
             job.join(1)
         accepted = service.accepted
         service.up()
-        deadline = time.monotonic() + 2
-        while time.monotonic() < deadline:
-            assert service.accepted == accepted, "a retry ran after the cancel"
-            assert job.status == JobStatus.FAILED
-            time.sleep(0.05)
+        stays_true(lambda: service.accepted == accepted and job.status == JobStatus.FAILED,
+                   seconds=2, what="no retry after the cancel, the job FAILED")
 
 
 def test_a_resume_that_cannot_start_for_a_restartable_cause_leaves_the_job_suspended(service):

@@ -4,6 +4,7 @@ restart, and the property checks."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from jetwake.connectors.kafka.source import owner_of_partition
 
 from support.kafka_job import Proc, Reader, check_exactly_once, produce
 from support.restores import restored_snapshots, wait_for_a_new_snapshot
-from support.waiting import wait_until
+from support.waiting import poll_until, stays_true, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -35,10 +36,13 @@ def read_all(bootstrap: str, topic: str, n: int, timeout: float = 30.0,
                   "isolation.level": "read_committed" if committed else "read_uncommitted"})
     c.subscribe([topic])
     out = []
-    end = time.monotonic() + timeout
+
+    def enough() -> bool:
+        out.extend(m for m in c.consume(1000, 0.3) if not m.error())
+        return len(out) >= n
     try:
-        while len(out) < n and time.monotonic() < end:
-            out += [m for m in c.consume(1000, 0.3) if not m.error()]
+        # the callers compare what came with what they expected: no failure here
+        poll_until(enough, timeout=timeout, interval=0)
     finally:
         c.close()
     return out
@@ -75,7 +79,8 @@ def test_jet_partition_assignment_formula():
 
 # --- with the broker -------------------------------------------------------------------------
 
-def test_formats_projection_and_start(kafka_bootstrap, kafka_topic):
+def test_formats_projection_and_start(kafka_bootstrap, kafka_topic, caplog):
+    caplog.set_level(logging.DEBUG, logger="jetwake.kafka")
     tin, tout, tproj = kafka_topic(partitions=3), kafka_topic(partitions=1), kafka_topic()
     props = {"bootstrap.servers": kafka_bootstrap}
     p = Producer(props)
@@ -120,10 +125,13 @@ def test_formats_projection_and_start(kafka_bootstrap, kafka_topic):
         out_t = kafka_topic()
         pl3 = Pipeline()
         pl3.read_from(Sources.kafka(tl, props, start=start)).write_to(Sinks.kafka(out_t, props))
-        with Member() as m:
+        with Member() as m:  # one processor per vertex: one source processor
+            caplog.clear()
             job = m.new_job(pl3)
             if start == "latest":
-                time.sleep(2.0)  # the job has resolved its start offsets
+                # the source processor has resolved "latest" to offsets, and logged what it reads
+                wait_until(lambda: " reads [" in caplog.text,
+                           what="the source to resolve its start offsets")
                 produce(kafka_bootstrap, tl, 50, 10)
             got = read_all(kafka_bootstrap, out_t, expect, timeout=20)
             got += read_all(kafka_bootstrap, out_t, expect + 100, timeout=1.0)[len(got):]
@@ -184,7 +192,8 @@ def test_restore_with_another_parallelism(kafka_bootstrap, kafka_topic, tmp_path
     assert len(restored_snapshots(data)) >= 2, restored_snapshots(data)
 
 
-def test_partition_added_while_running(kafka_bootstrap, kafka_topic):
+def test_partition_added_while_running(kafka_bootstrap, kafka_topic, caplog):
+    caplog.set_level(logging.INFO, logger="jetwake.kafka")
     tin, tout = kafka_topic(partitions=2), kafka_topic()
     props = {"bootstrap.servers": kafka_bootstrap, "jetwake.partition.discovery.ms": 300}
     produce(kafka_bootstrap, tin, 0, 100)
@@ -197,7 +206,9 @@ def test_partition_added_while_running(kafka_bootstrap, kafka_topic):
         assert len(read_all(kafka_bootstrap, tout, 100)) == 100
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
         admin.create_partitions([NewPartitions(tin, 5)])[tin].result(30)
-        time.sleep(1.0)
+        # the source's processors found the new partitions (each logs those it reads)
+        wait_until(lambda: all(f"('{tin}', {part})" in caplog.text for part in (2, 3, 4)),
+                   what="the source to find partitions 2, 3 and 4")
         p = Producer({"bootstrap.servers": kafka_bootstrap})
         for part in (2, 3, 4):
             for i in range(20):
@@ -274,10 +285,9 @@ def _restart_broker(kl, port: int, down_seconds: float) -> None:
     pid = state["nodes"][0]["pid"]
     cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:-1]
     os.kill(pid, signal.SIGTERM)
-    end = time.monotonic() + 30
-    while kl._pid_alive(pid) and time.monotonic() < end:
-        time.sleep(0.1)
-    time.sleep(down_seconds)
+    wait_until(lambda: not kl._pid_alive(pid), timeout=30, interval=0.1,
+               what="the broker to stop")
+    time.sleep(down_seconds)  # how long the broker is away is the experiment
     log = open(kl.run_dir(port) / "broker-1.log", "ab")
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True, close_fds=True, cwd=kl.run_dir(port))
@@ -359,7 +369,9 @@ def test_native_timestamps_follow_per_partition_watermarks(kafka_bootstrap, kafk
         results = m.get_list("windows")
         wait_until(lambda: sum(r.result for r in results) >= len(closed), timeout=60,
                    what="the windows before the partition behind")
-        time.sleep(1.0)  # nothing later closes while that partition holds the watermark
+        # nothing later closes while that partition holds the watermark
+        stays_true(lambda: sum(r.result for r in results) == len(closed), seconds=1.0,
+                   what="no window after the partition behind closing")
         late = sum(v.get("late_events", 0) for v in job.metrics().values())
         got = Counter()
         for r in results:

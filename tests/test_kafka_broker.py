@@ -2,11 +2,12 @@
 from)."""
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from support.waiting import poll_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -14,18 +15,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 def _consume(consumer: Consumer, want: int, timeout: float = 20.0, until=None):
     """Poll until `want` records (or `until(record)` is true); return them in poll order."""
     out = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len(out) < want:
+
+    def enough() -> bool:
         msg = consumer.poll(0.5)
         if msg is None:
-            continue
+            return False
         if msg.error():
             if msg.error().code() == KafkaError._PARTITION_EOF:
-                continue
+                return False
             raise AssertionError(f"consumer error: {msg.error()}")
         out.append(msg)
-        if until is not None and until(msg):
-            break
+        return len(out) >= want or until is not None and until(msg)
+    poll_until(enough, timeout=timeout, interval=0)
     return out
 
 

@@ -7,7 +7,6 @@ restored from the entries the first one saved (what a restarted job does)."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import pytest
@@ -19,6 +18,7 @@ from jetwake.connectors.kafka.properties import KafkaConfigError
 from jetwake.engine.core.meta_supplier import MetaSupplierContext, SupplierContext
 from jetwake.engine.core.processor import Inbox, Outbox, ProcessorContext
 from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
+from support.waiting import wait_until
 
 VERTEX = "kafka-sink"
 
@@ -94,15 +94,18 @@ def committed_values(bootstrap: str, topic: str) -> list[str]:
         todo = {p for p, end in ends.items() if end > 0}
         c.assign([TopicPartition(topic, p, 0) for p in todo])
         values: list[str] = []
-        deadline = time.monotonic() + 30
-        while todo:
-            assert time.monotonic() < deadline, f"could not read {topic} to its end"
+
+        def at_the_end() -> bool:
+            if not todo:
+                return True
             for m in c.consume(1000, 0.2):
                 if not m.error():
                     values.append(m.value().decode())
             for tp in c.position([TopicPartition(topic, p) for p in list(todo)]):
                 if tp.offset >= ends[tp.partition]:
                     todo.discard(tp.partition)
+            return not todo
+        wait_until(at_the_end, timeout=30, interval=0, what=f"reading {topic} to its end")
         return values
     finally:
         c.close()
@@ -200,11 +203,14 @@ def marker_records(bootstrap: str, topic: str) -> list[tuple[str, dict]]:
         end = c.get_watermark_offsets(tp, timeout=10, cached=False)[1]
         c.assign([TopicPartition(topic, 0, 0)])
         out = []
-        deadline = time.monotonic() + 30
-        while c.position([tp])[0].offset < end:
-            assert time.monotonic() < deadline, f"could not read {topic} to its end"
-            out += [(m.key().decode(), json.loads(m.value())) for m in c.consume(1000, 0.2)
-                    if not m.error()]
+
+        def at_the_end() -> bool:
+            if c.position([tp])[0].offset >= end:
+                return True
+            out.extend((m.key().decode(), json.loads(m.value()))
+                       for m in c.consume(1000, 0.2) if not m.error())
+            return False
+        wait_until(at_the_end, timeout=30, interval=0, what=f"reading {topic} to its end")
         return out
     finally:
         c.close()

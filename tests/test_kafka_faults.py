@@ -99,14 +99,19 @@ def test_at_least_once_never_loses_with_kills(kafka_bootstrap, kafka_topic, tmp_
         feeder.join(60)
         proc.start()
         want = expected_counts(total)
-        end = time.monotonic() + 90
-        while time.monotonic() < end:
-            reader.poll(0.5)
+
+        def behind() -> list[str]:
+            """The keys whose highest count written is still below their input."""
             best: dict[str, int] = defaultdict(int)
             for k, v in reader.records:
                 best[k] = max(best[k], v)
-            if all(best[k] >= n for k, n in want.items()):
-                break
+            return sorted(k for k, n in want.items() if best[k] < n)
+
+        def caught_up() -> bool:
+            reader.read()
+            return not behind()
+        wait_until(caught_up, timeout=90, interval=0,
+                   what=lambda: f"every key's count to reach its input ({behind()} behind)")
     finally:
         proc.kill()
         reader.close()

@@ -1,9 +1,10 @@
-"""The package as it installs: the wheel holds every package and data file of the code folders,
-and a code folder imported by its own name from the repository root fails at once.
+"""The package as it installs: jetwake/ is the package, with the code folders linked into it;
+the wheel holds every package and data file, and a code folder imported by its own name from
+the repository root fails at once.
 
-The tests import the folders from the working tree (the editable install maps them), so only a
-built wheel shows what a user's ``pip install`` gets: a subpackage or data file missing from it
-passes every other test.
+The tests import the package from the working tree (the editable install maps it), so only a
+built wheel shows what a user's ``pip install`` gets: a subpackage or data file that the build
+misses passes every other test.
 """
 from __future__ import annotations
 
@@ -11,29 +12,25 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGE_DIR: dict[str, str] = tomllib.loads(
-    (ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-PACKAGES: list[str] = tomllib.loads(
-    (ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+from support.package_files import PACKAGE, ROOT, package_files
+
 BUILD_FILES = ("pyproject.toml", "README.md")
 
 
-def _expected_files() -> set[str]:
-    """Every file of the mapped folders but compiled ones, at its place in the wheel."""
-    expected = set()
-    for package, folder in PACKAGE_DIR.items():
-        for path in (ROOT / folder).rglob("*"):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                inside = path.relative_to(ROOT / folder).as_posix()
-                expected.add(package.replace(".", "/") + "/" + inside)
-    return expected
+def _links() -> dict[str, str]:
+    """The links in jetwake/, each name with its target."""
+    return {path.name: os.readlink(path) for path in PACKAGE.iterdir() if path.is_symlink()}
+
+
+def test_the_code_folders_are_linked_into_the_package() -> None:
+    # relative links, so that they hold in any checkout, a worktree or a copy of the repository
+    assert _links() == {name: f"../{name}" for name in ("engine", "snapshot", "connectors")}
+    assert (PACKAGE / "engine" / "core" / "dag.py").is_file()
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +42,10 @@ def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     source.mkdir()
     for name in BUILD_FILES:
         shutil.copy2(ROOT / name, source / name)
-    for folder in PACKAGE_DIR.values():
-        shutil.copytree(ROOT / folder, source / folder,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(PACKAGE, source / PACKAGE.name, symlinks=True, ignore=ignore)
+    for folder in _links():
+        shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir",
@@ -58,35 +56,20 @@ def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
         return set(archive.namelist())
 
 
-def test_the_package_list_names_every_folder_of_the_code_folders() -> None:
-    """pyproject.toml lists the packages (setuptools' discovery cannot install engine/ as
-    jetwake.engine): every folder below a mapped one, with files, must be on the list."""
-    folders = set()
-    for package, folder in PACKAGE_DIR.items():
-        folders.add(package)
-        for path in (ROOT / folder).rglob("*"):
-            if path.is_dir() and "__pycache__" not in path.parts and any(
-                    p.is_file() for p in path.iterdir()):
-                inside = path.relative_to(ROOT / folder).as_posix().replace("/", ".")
-                folders.add(f"{package}.{inside}")
-    assert sorted(folders - set(PACKAGES)) == [], (
-        "add these to [tool.setuptools] packages in pyproject.toml")
-    assert sorted(set(PACKAGES) - folders) == [], "no such folder: remove from the list"
-
-
 def test_the_wheel_holds_every_package(wheel_files: set[str]) -> None:
-    packages = {path.relative_to(ROOT).parent for folder in PACKAGE_DIR.values()
-                for path in (ROOT / folder).rglob("__init__.py")}
-    assert len(packages) > 20, packages      # the folders were found: engine/core, ...
-    expected = {place for place in _expected_files() if place.endswith("/__init__.py")}
-    assert len(expected) == len(packages)
-    assert not expected - wheel_files, sorted(expected - wheel_files)
+    packages = {place for place in package_files() if place.endswith("/__init__.py")}
+    # the links were followed: jetwake/, engine/core, snapshot/store, connectors/kafka, ...
+    assert {"jetwake/__init__.py", "jetwake/engine/core/__init__.py",
+            "jetwake/snapshot/store/__init__.py",
+            "jetwake/connectors/kafka/__init__.py"} <= packages
+    assert len(packages) > 20, packages
+    assert not packages - wheel_files, sorted(packages - wheel_files)
 
 
 def test_the_wheel_holds_every_module_and_data_file(wheel_files: set[str]) -> None:
-    expected = _expected_files()
-    static = {place for place in expected if "/dashboard/static/" in place}
-    assert {"index.html", "app.js", "style.css"} <= {place.rsplit("/", 1)[1] for place in static}
+    expected = set(package_files())
+    static = {place.rsplit("/", 1)[1] for place in expected if "/dashboard/static/" in place}
+    assert {"index.html", "app.js", "style.css"} <= static
     assert not expected - wheel_files, sorted(expected - wheel_files)
 
 
@@ -108,9 +91,11 @@ def test_a_code_folder_imported_by_its_own_name_fails_naming_the_right_import(
     assert f"'jetwake.{folder}'" in last_line, last_line
 
 
-def test_the_installed_names_import() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", "import jetwake.engine.core.dag as d, jetwake; "
-         "import jetwake.snapshot, jetwake.connectors; print(jetwake.DAG is d.DAG)"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert result.stdout.strip() == "True", result.stderr
+def test_the_installed_names_import_one_copy_of_each_module() -> None:
+    code = ("import sys, jetwake, jetwake.engine.core.dag as dag, jetwake.snapshot, "
+            "jetwake.connectors; print(jetwake.DAG is dag.DAG, "
+            "sorted({name.split('.')[0] for name in sys.modules} & set(sys.argv[1:])))")
+    result = subprocess.run([sys.executable, "-c", code, *_links()], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    # none of the code folders was loaded by its own name too, through the link or beside it
+    assert result.stdout.strip() == "True []", result.stdout + result.stderr

@@ -4,7 +4,6 @@ lifecycle calls the engine makes (complete, complete_edge, close, cooperative th
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from jetwake import (
     Outbox, Processor, Traverser, Watermark,
 )
 from jetwake.engine.core.chunk_emitter import ChunkEmitter
+from support.waiting import wait_until
 
 TIMEOUT = 20
 
@@ -494,11 +494,18 @@ def test_close_is_called_once_on_every_processor_after_a_failure():
 
 def test_close_is_called_once_after_cancel():
     closes: dict = {}
+    running = threading.Event()
+
+    class Running(CloseCounting):
+        def complete(self):
+            running.set()
+            return super().complete()
+
     dag = DAG()
-    dag.new_vertex("forever", lambda: CloseCounting(closes, "forever", forever=True), 1)
+    dag.new_vertex("forever", lambda: Running(closes, "forever", forever=True), 1)
     with Member(local_parallelism=1) as m:
         job = m.new_job(dag)
-        time.sleep(0.05)
+        wait_until(running.is_set, what="the processor to run")
         job.cancel()
         with pytest.raises(JobCancelledError):
             job.join(timeout=5)

@@ -4,11 +4,11 @@ write-back cache, and snapshots and restores work the same as in memory."""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from jetwake import AggregateOperations, JobConfig, Member, Pipeline, Sinks, Sources
+from support.waiting import wait_until
 
 KEYS = 20_000
 ITEMS = 60_000
@@ -59,11 +59,9 @@ def test_rocksdb_state_lives_in_files_under_the_data_directory_while_the_job_run
     with Member(tmp_path) as m:
         job = m.new_job(p, JobConfig(state_backend="rocksdb", state_cache_bytes=1024))
         state_dir = os.path.join(tmp_path, "state", job.id)
-        deadline = time.monotonic() + 30
-        while not any(f.endswith(".sst") or f.startswith("MANIFEST")
-                      for _, _, fs in os.walk(state_dir) for f in fs):
-            assert time.monotonic() < deadline, f"no RocksDB files under {state_dir}"
-            time.sleep(0.01)
+        wait_until(lambda: any(f.endswith(".sst") or f.startswith("MANIFEST")
+                               for _, _, fs in os.walk(state_dir) for f in fs),
+                   what=f"RocksDB files under {state_dir}")
         job.cancel()
         with pytest.raises(Exception):
             job.join(10)
@@ -83,8 +81,7 @@ def test_rocksdb_state_is_snapshotted_and_restored_across_suspend_and_resume(tmp
         job = m.new_job(p, JobConfig(name="r", processing_guarantee="exactly_once",
                                      snapshot_interval_ms=50, state_backend="rocksdb",
                                      state_cache_bytes=2048))
-        while job.last_snapshot is None:
-            time.sleep(0.01)
+        wait_until(lambda: job.last_snapshot, what="a snapshot")
         job.suspend()
         job.resume()
         job.join(120)

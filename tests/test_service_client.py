@@ -24,7 +24,7 @@ from jetwake import (
 from jetwake.engine.server.metrics import MetricsServer
 from jetwake.engine.net.framing import read_frame, write_frame
 from jetwake.engine.server.member_service import MemberService
-from support.waiting import wait_until
+from support.waiting import stays_true, wait_until
 
 TOKEN = "s3cret-token"
 
@@ -134,8 +134,7 @@ def test_nothing_is_unpickled_before_authentication(service, tmp_path):
             assert read_frame(s) is None
         except OSError:
             pass  # closed by the member
-    time.sleep(0.2)
-    assert not os.path.exists(trap)
+    stays_true(lambda: not os.path.exists(trap), seconds=0.2, what="the refused pickle never loaded")
 
 
 def test_oversized_or_garbage_hello_closes_the_connection(service):
@@ -235,10 +234,11 @@ def test_submission_errors_come_back_under_their_own_class(client):
 def test_a_job_keeps_running_after_its_client_disconnects(service):
     with Client(service.address_text, token=TOKEN) as c1:
         c1.new_job(stream_pipeline(), JobConfig(name="detached"))
-    time.sleep(0.3)
     with Client(service.address_text, token=TOKEN) as c2:
         job = c2.job("detached")
-        assert job.status == JobStatus.RUNNING
+        # a while after the client left: the member has seen it go
+        stays_true(lambda: job.status == JobStatus.RUNNING, seconds=0.3,
+                   what="the job running after its client left")
         n = len(c2.get_map("seen"))
         wait_until(lambda: len(c2.get_map("seen")) > n, what="more items")
 

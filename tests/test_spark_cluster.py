@@ -3,16 +3,17 @@ cluster (a master and two workers started from the pyspark package's scripts, on
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from support.ports import free_port
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -163,20 +164,18 @@ def standalone_cluster(tmp_path):
         start("org.apache.spark.deploy.worker.Worker", master, "--host", "127.0.0.1",
               "--cores", "1", "--memory", "512m", "--webui-port", str(free_port()),
               log=f"worker{i}.log")
-    deadline = time.monotonic() + 90
+
+    def workers_registered() -> bool:
+        # the master's status page lists its workers once they registered
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{web}/json/", timeout=2) as r:
+                return json.load(r).get("aliveworkers", 0) >= 2
+        except OSError:
+            return False
     try:
-        while True:  # the master's status page lists its workers once they registered
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{web}/json/", timeout=2) as r:
-                    import json
-                    if json.load(r).get("aliveworkers", 0) >= 2:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("the standalone cluster did not start: "
-                                     + (tmp_path / "master.log").read_text()[-2000:])
-            time.sleep(0.5)
+        wait_until(workers_registered, timeout=90, interval=0.5,
+                   what=lambda: "the standalone cluster to start: "
+                   + (tmp_path / "master.log").read_text()[-2000:])
         yield master
     finally:
         for p in procs:

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from jetwake import Client, Member, Pipeline, Sinks, Sources, SparkRunner
 from jetwake.connectors.kafka.source import KafkaDeserializationError
 
 from support.spark_fixtures import spark_runner  # noqa: F401
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.kafka]
 
@@ -291,9 +291,8 @@ def test_records_of_keys_in_one_partition_keep_their_offset_order_across_the_han
         spark_runner.run(pipeline(), until={topic: {0: 4}}, export_snapshot="half", member=m)
         assert sorted(m.get_list("seen")) == ["a", "ab", "abc", "abcd"]
         job = m.new_job(pipeline(), JobConfig(initial_snapshot_name="half"))
-        end = time.monotonic() + 60
-        while len(m.get_list("seen")) < len(times) and time.monotonic() < end:
-            time.sleep(0.1)
+        wait_until(lambda: len(m.get_list("seen")) >= len(times), timeout=60, interval=0.1,
+                   what=lambda: f"{len(times)} items seen ({sorted(m.get_list('seen'))})")
         job.cancel()
         assert sorted(m.get_list("seen"), key=len)[-1] == "abcdefgh"
 
@@ -365,10 +364,10 @@ def test_a_backfill_judges_a_record_late_by_its_own_partition_as_a_member_does(
         job = m.new_job(_event_windows(kafka_bootstrap, topic))
         windows = m.get_list("windows")
         wait_for = [(s, n) for s, n in spark if s + 1_000 <= BASE + 5_990 - 100]
-        deadline = time.monotonic() + 60
-        while sorted((r.start, r.result) for r in windows) != wait_for:
-            assert time.monotonic() < deadline, sorted((r.start, r.result) for r in windows)
-            time.sleep(0.05)
+        wait_until(lambda: sorted((r.start, r.result) for r in windows) == wait_for,
+                   timeout=60, interval=0.05,
+                   what=lambda: f"the windows {wait_for}, not "
+                   f"{sorted((r.start, r.result) for r in windows)}")
         member_late = sum(v.get("late_events", 0) for v in job.metrics().values())
         job.cancel()
     assert (result.counters.get("late_events", 0), member_late) == (1, 1)

@@ -4,7 +4,6 @@ embedded member: a job fails at a chosen item, restarts from its last snapshot a
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 
 import pytest
@@ -14,6 +13,7 @@ from jetwake import (
     Pipeline, Sinks, Sources,
 )
 from jetwake.testing import TestAbort, TestSources
+from support.waiting import wait_until
 
 TIMEOUT = 60
 ABORT, WAIT_FOR_SNAPSHOT = TestSources.ABORT, TestSources.WAIT_FOR_SNAPSHOT
@@ -190,10 +190,9 @@ def test_an_aggregation_that_finished_before_the_snapshot_is_not_counted_twice_a
         job = m.new_job(p, JobConfig(processing_guarantee="exactly_once",
                                      snapshot_interval_ms=600_000))
         counts = m.get_map("counts")
-        deadline = time.monotonic() + TIMEOUT
-        while len(counts) < 5:  # the aggregation has emitted every count: it has finished
-            assert time.monotonic() < deadline, "the aggregation branch did not finish"
-            time.sleep(0.01)
+        # the aggregation has emitted every count: it has finished
+        wait_until(lambda: len(counts) >= 5, timeout=TIMEOUT,
+                   what="the aggregation branch to finish")
         try:
             job.take_snapshot()
         except JobStateError:

@@ -136,32 +136,21 @@ def _master_reachable(master: str, timeout: float = 3.0) -> None:
 
 def _package_zip() -> str:
     """jetwake's code as a zip for the workers of a remote cluster (``addPyFile``): the
-    installed layout, with engine/, snapshot/ and connectors/ below jetwake/."""
+    package's folder, which holds the code folders (as links in a working tree)."""
     import importlib.util
-
-    def where(name: str) -> str:
-        # found without importing: the public API imports the server layer, above this one
-        spec = importlib.util.find_spec(name)
-        if spec is None or not spec.submodule_search_locations:
-            raise ImportError(f"cannot find the installed package {name}")
-        return list(spec.submodule_search_locations)[0]
-
+    # found without importing: the public API imports the server layer, above this one
+    spec = importlib.util.find_spec("jetwake")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("cannot find the installed package jetwake")
+    root = list(spec.submodule_search_locations)[0]
     path = os.path.join(tempfile.mkdtemp(prefix="jetwake-spark-"), "jetwake.zip")
-    roots = {"jetwake": where("jetwake"), "jetwake/engine": where("jetwake.engine"),
-             "jetwake/snapshot": where("jetwake.snapshot"),
-             "jetwake/connectors": where("jetwake.connectors")}
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for prefix, root in roots.items():
-            for d, dirs, files in os.walk(root):
-                dirs[:] = [x for x in dirs if x != "__pycache__"]
-                rel = os.path.relpath(d, root)
-                if prefix == "jetwake" and rel.split(os.sep)[0] in ("engine", "snapshot",
-                                                                    "connectors"):
-                    continue
-                for f in files:
-                    if f.endswith(".py"):
-                        arc = os.path.normpath(os.path.join(prefix, rel, f))
-                        z.write(os.path.join(d, f), arc)
+        for d, dirs, files in os.walk(root, followlinks=True):
+            dirs[:] = [x for x in dirs if x != "__pycache__"]
+            for f in files:
+                if f.endswith(".py"):
+                    arc = os.path.join("jetwake", os.path.relpath(os.path.join(d, f), root))
+                    z.write(os.path.join(d, f), arc)
     return path
 
 

@@ -107,6 +107,7 @@ class KafkaEnv:
 
 def _create_topics(env: KafkaEnv, spec: Spec, inputs: Inputs, tag: str) -> dict[str, str]:
     from confluent_kafka.admin import NewTopic
+    from support.kafka_broker import wait_for_topic
     names = {s: f"conformance-{tag}-{s}" for s in source_names(spec)}
     admin = env.admin()
     futures = admin.create_topics(
@@ -115,16 +116,8 @@ def _create_topics(env: KafkaEnv, spec: Spec, inputs: Inputs, tag: str) -> dict[
         operation_timeout=30)
     for f in futures.values():
         f.result(timeout=60)
-    deadline = time.monotonic() + 30
     for s, t in names.items():
-        want = len(inputs["partitions"][s])
-        while True:
-            md = admin.list_topics(topic=t, timeout=5).topics.get(t)
-            if md is not None and md.error is None and len(md.partitions) == want and all(
-                    p.leader >= 0 for p in md.partitions.values()):
-                break
-            assert time.monotonic() < deadline, f"topic {t} has no leader for every partition"
-            time.sleep(0.05)
+        wait_for_topic(admin, t, len(inputs["partitions"][s]))
     return names
 
 
@@ -234,7 +227,7 @@ def await_stream(run: _Run, job: Any, want: dict[str, int], records: int, late: 
     ``records`` records; then, for :data:`GRACE` seconds, that no sink grows and nothing more
     is read. A job that has read everything and stayed unchanged for :data:`QUIET` seconds
     with less than that is taken as done (the comparison then says what is missing)."""
-    from support.waiting import wait_until
+    from support.waiting import poll_until, wait_until
     seen: dict[str, Any] = {"state": None, "since": time.monotonic()}
 
     def done() -> str | None:
@@ -257,12 +250,10 @@ def await_stream(run: _Run, job: Any, want: dict[str, int], records: int, late: 
                          f"{want} with {late} late events", timeout=WAIT, interval=0.02)
     if outcome != "complete":
         return
-    # the grace: nothing more may come (any growth shows in the comparison)
-    end = time.monotonic() + GRACE
-    while time.monotonic() < end:
-        if (run.counts(), _total(job.metrics(), "records_in")) != seen["settled"]:
-            return
-        time.sleep(0.02)
+    # the grace: nothing more may come (any growth shows in the comparison, so the watch ends
+    # at the first change)
+    poll_until(lambda: (run.counts(), _total(job.metrics(), "records_in")) != seen["settled"],
+               timeout=GRACE, interval=0.02)
 
 
 def _expected_counts(spec: Spec, expected: RunResult) -> dict[str, int]:

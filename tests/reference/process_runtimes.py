@@ -410,6 +410,7 @@ def run_with_kills(spec: Spec, inputs: Inputs, workdir: Path, seed: int, *, kill
     """The spec's job on one member process killed ``kills`` times (see the module doc).
     ``seconds``: about how long the sources take to read their inputs (the pace follows);
     ``seed`` fixes the read order's seed and the moments of the kills."""
+    from support.waiting import poll_until
     rnd = random.Random(seed)
     batch, source_seed = read_order(spec, inputs)
     order = order or ORDERS[seed % len(ORDERS)]
@@ -436,19 +437,16 @@ def run_with_kills(spec: Spec, inputs: Inputs, workdir: Path, seed: int, *, kill
             # the last kill always comes after a snapshot of its own start: at least one
             # start resumes the job from a snapshot in the middle of its run
             anywhere = i < kills - 1 and rnd.random() < 0.3
+            # the waits end early when the process exits; the kill's record says so
             if anywhere:  # any moment: while starting, restoring or running
-                deadline = time.monotonic() + rnd.uniform(0.05, 1.2)
-                while time.monotonic() < deadline and proc.poll() is None:
-                    time.sleep(0.01)
+                poll_until(lambda: proc.poll() is not None, timeout=rnd.uniform(0.05, 1.2))
             else:  # once this start committed a snapshot, then a little later
-                deadline = time.monotonic() + 60
-                while proc.poll() is None and time.monotonic() < deadline:
+                def snapshot_of_its_own(proc: subprocess.Popen = proc) -> bool:
                     p = _progress(data_dir)
-                    if p.get("pid") == proc.pid and (p.get("snapshot", -1) > before
-                                                     or p.get("status") == "COMPLETED"):
-                        break
-                    time.sleep(0.005)
-                time.sleep(rnd.uniform(0.0, 0.3))
+                    return proc.poll() is not None or p.get("pid") == proc.pid and (
+                        p.get("snapshot", -1) > before or p.get("status") == "COMPLETED")
+                poll_until(snapshot_of_its_own, timeout=60, interval=0.005)
+                time.sleep(rnd.uniform(0.0, 0.3))  # the moment of the kill is the experiment
             p = _progress(data_dir)
             run.kills.append({"at": round(time.monotonic() - t0, 2), "anywhere": anywhere,
                               "status": p.get("status") if p.get("pid") == proc.pid else None,

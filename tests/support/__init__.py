@@ -8,10 +8,13 @@ there. The scripts are run by path, and each puts tests/ on sys.path itself befo
 from here. ``tests/reference/`` stays apart: it is the conformance suite's reference model,
 not a helper.
 
-- ``waiting``: ``wait_until``, the one way a test waits for something.
+- ``waiting``: ``wait_until``, the one way a test waits for something; ``poll_until``, the
+  same wait that returns on a timeout (for the scripts run as processes, and clean-ups);
+  ``stays_true``, a watch that something does not happen for a while.
 - ``clock``: ``ControlledClock``, moved by hand in tests of clock-driven code.
 - ``restores``: which snapshots a member process restored its jobs from, for the kill tests.
 - ``ports``: ``free_port``.
+- ``package_files``: the files of the jetwake package, the code folders' links followed.
 - ``kafka_broker``: the pytest plugin of the Kafka broker (tests/conftest.py loads it), with
   ``local_kafka/kafka_local.py`` (also ``make kafka-up``).
 - ``cluster_processes``: member processes of a cluster (``jetwake member start``), and the

@@ -7,11 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from jetwake import Client
 from support.ports import free_port
+from support.waiting import wait_until
 
 TOKEN = "tok-123"
 
@@ -41,16 +41,18 @@ class MemberProc:
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Returns once the member takes a client's connection; fails with its log when the
+        process exits or the time runs out first."""
+        def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"member exited with {self.proc.returncode}:\n{self.log}")
             try:
                 Client(self.address, token=self.token).close()
-                return
+                return True
             except Exception:  # noqa: BLE001 - not listening yet
-                time.sleep(0.05)
-        raise AssertionError(f"member not ready after {timeout} s:\n{self.log}")
+                return False
+        wait_until(ready, timeout=timeout, interval=0.05,
+                   what=lambda: f"the member to take a client's connection:\n{self.log}")
 
     @property
     def log(self) -> str:

@@ -41,6 +41,7 @@ from reference.generate import build_pipeline  # noqa: E402
 from reference.process_runtimes import (  # noqa: E402
     inputs_from_json, numbered_map_sink, paced_partitioned, read_numbered_map, sink_labels,
 )
+from support.waiting import poll_until  # noqa: E402
 
 JOB = "conformance"
 
@@ -88,10 +89,9 @@ def main() -> int:
         job = member.new_job(pipeline, JobConfig(
             name=JOB, processing_guarantee="exactly_once",
             snapshot_interval_ms=case["snapshot_interval_ms"]))
-    deadline = time.monotonic() + 60
-    while job.status not in (JobStatus.RUNNING, JobStatus.COMPLETED, JobStatus.FAILED) \
-            and time.monotonic() < deadline:
-        time.sleep(0.005)
+    # at most a minute: the status is recorded as it is then
+    poll_until(lambda: job.status in (JobStatus.RUNNING, JobStatus.COMPLETED, JobStatus.FAILED),
+               timeout=60, interval=0.005)
     # what the member's log says: the job was running when the last process died, and the
     # snapshot its execution was restored from
     was = [m.group(1) for line in captured.lines

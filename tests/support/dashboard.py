@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 from jetwake import Client
 from support.ports import free_port
+from support.waiting import wait_until
 
 TOKEN = "dashboard-token"
 
@@ -104,17 +104,16 @@ class DashboardMember:
              "--token", token, "--cooperative-threads", "1", "--local-parallelism", "1",
              *extra], stdout=self._log, stderr=subprocess.STDOUT)
         self.http = Http(f"http://127.0.0.1:{self.metrics_port}")
-        deadline = time.monotonic() + 30
-        while True:
+
+        def started() -> bool:
             assert self.proc.poll() is None, f"the member exited:\n{self.log}"
             try:
                 Client(self.address, token=token).close()
-                if self.http.get("/health").status == 200:
-                    return
-            except (OSError, Exception):  # noqa: BLE001 - not listening yet
-                pass
-            assert time.monotonic() < deadline, f"the member did not start:\n{self.log}"
-            time.sleep(0.05)
+                return self.http.get("/health").status == 200
+            except Exception:  # noqa: BLE001 - not listening yet
+                return False
+        wait_until(started, timeout=30, interval=0.05,
+                   what=lambda: f"the member to start:\n{self.log}")
 
     @property
     def log(self) -> str:

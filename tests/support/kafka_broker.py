@@ -24,11 +24,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from support.waiting import wait_until
 
 _KAFKA_LOCAL = Path(__file__).resolve().parent / "local_kafka" / "kafka_local.py"
 
@@ -100,39 +101,33 @@ def kafka_bootstrap():
         pytest.fail("no Kafka broker available for the kafka tests:\n  - "
                     + "\n  - ".join(errors)
                     + "\nSet KAFKA_BOOTSTRAP_SERVERS to use an existing broker.", pytrace=False)
-    _watch_for_orphaning(port)
+    watch_for_orphaning(port)
     try:
         yield bootstrap
     finally:
         kl.stop_broker(port)
 
 
+# ends when the broker's state is gone: the tests stopped their broker themselves
 _WATCHDOG = """
-import os, socket, sys, time
+import os, sys, time
 parent, port, script_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 sys.path.insert(0, script_dir)
-closed = 0
-while True:
+import kafka_local
+while kafka_local._read_state(port) is not None:
     time.sleep(1)
     try:
         os.kill(parent, 0)
     except ProcessLookupError:
-        import kafka_local
         kafka_local.stop_broker(port)
         break
-    try:
-        socket.create_connection(("127.0.0.1", port), 1).close()
-        closed = 0
-    except OSError:
-        closed += 1
-        if closed >= 3:  # the session stopped its broker itself
-            break
 """
 
 
-def _watch_for_orphaning(port: int) -> None:
-    """Stops the session's broker if this pytest process dies without its teardown (killed by
-    a timeout, say): a small process of its own session watches the test process."""
+def watch_for_orphaning(port: int) -> None:
+    """Stops a broker that kafka_local started on ``port`` (the session's, or a test module's
+    own) if this pytest process dies without its teardown (killed by a timeout, say): a small
+    process of its own session watches the test process."""
     script_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_kafka")
     subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(port), script_dir],
                      start_new_session=True, stdin=subprocess.DEVNULL,
@@ -145,18 +140,18 @@ def _admin(bootstrap: str):
     return AdminClient({"bootstrap.servers": bootstrap})
 
 
-def _wait_for_topic(admin, name: str, partitions: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_for_topic(admin, name: str, partitions: int, timeout: float = 30.0) -> None:
+    """Returns once a topic just created has its ``partitions``, each with a leader: before,
+    a producer or a job may find it missing."""
+    def ready() -> bool:
         try:
             md = admin.list_topics(topic=name, timeout=5).topics.get(name)
         except Exception:  # noqa: BLE001 - transient while the topic is being created
-            md = None
-        if (md is not None and md.error is None and len(md.partitions) == partitions
-                and all(p.leader >= 0 for p in md.partitions.values())):
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"topic {name!r} did not appear within {timeout:.0f}s")
+            return False
+        return (md is not None and md.error is None and len(md.partitions) == partitions
+                and all(p.leader >= 0 for p in md.partitions.values()))
+    wait_until(ready, timeout=timeout, interval=0.1,
+               what=f"topic {name!r} with a leader for each of its {partitions} partitions")
 
 
 @pytest.fixture
@@ -177,7 +172,7 @@ def kafka_topic(kafka_bootstrap, request):
                                   operation_timeout=30)[name]
         fut.result(timeout=60)
         created.append(name)
-        _wait_for_topic(admin, name, partitions)
+        wait_for_topic(admin, name, partitions)
         return name
 
     yield new_topic

@@ -16,6 +16,8 @@ from collections import Counter, defaultdict
 
 from confluent_kafka import Consumer, Producer
 
+from support.waiting import wait_until
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kafka_job_process.py")
 KEYS = 40
 
@@ -67,18 +69,27 @@ class Reader:
         self.c.subscribe([topic])
         self.records: list[tuple[str, int]] = []
 
+    def read(self) -> None:
+        """Adds what one fetch returns, waiting up to 0.2 s for something."""
+        for m in self.c.consume(5000, 0.2):
+            if m.error():
+                continue
+            self.records.append((m.key().decode(), int(m.value())))
+
     def poll(self, seconds: float) -> None:
+        """Reads for ``seconds``, whatever comes: for duplicates that a test then looks for."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            for m in self.c.consume(5000, 0.2):
-                if m.error():
-                    continue
-                self.records.append((m.key().decode(), int(m.value())))
+            self.read()
 
     def wait_for(self, n: int, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while len(self.records) < n and time.monotonic() < end:
-            self.poll(0.5)
+        """Reads until ``n`` records have arrived; fails, saying how many did, after
+        ``timeout`` seconds."""
+        def arrived() -> bool:
+            self.read()
+            return len(self.records) >= n
+        wait_until(arrived, timeout=timeout, interval=0,
+                   what=lambda: f"{n} records ({len(self.records)} arrived)")
 
     def close(self) -> None:
         self.c.close()

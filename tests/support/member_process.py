@@ -23,6 +23,7 @@ from jetwake import JobConfig, Member, Pipeline, Sinks, Sources
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support.restores import record_restores  # noqa: E402
 from support.snapshot_fixtures import RunningSum  # noqa: E402
+from support.waiting import poll_until  # noqa: E402
 
 KEYS = 13
 
@@ -72,12 +73,8 @@ def main() -> None:
             time.sleep(1)
     want = {k: list(v) for k, v in expected(events).items()}
     out = member.get_map("out")
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        got = {k: list(v) for k, v in out.items()}
-        if sum(c for _, c in got.values()) >= events:
-            break
-        time.sleep(0.05)
+    # at most a minute: result.json then says what is there, and the test what is missing
+    poll_until(lambda: sum(c for _, c in out.values()) >= events, timeout=60, interval=0.05)
     time.sleep(0.3)  # anything still in flight (a duplicate) would land now
     got = {k: list(v) for k, v in out.items()}
     with open(os.path.join(data_dir, "result.json"), "w") as f:

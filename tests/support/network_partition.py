@@ -44,8 +44,9 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from support.waiting import poll_until, wait_until
 
 __all__ = ["NamespacesUnavailable", "PartitionNetwork"]
 
@@ -179,11 +180,9 @@ class PartitionNetwork:
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
         # the bridge forwards only once its ports are up (no STP: at once)
-        deadline = time.monotonic() + 10
-        while any(not self._port_forwarding(i) for i in range(1, self.size + 1)):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the ports of bridge {self.bridge} did not start forwarding")
-            time.sleep(0.05)
+        wait_until(lambda: all(self._port_forwarding(i) for i in range(1, self.size + 1)),
+                   timeout=10, interval=0.05,
+                   what=f"the ports of bridge {self.bridge} to start forwarding")
 
     def _port_forwarding(self, i: int) -> bool:
         out = subprocess.run(["bridge", "link", "show", "dev", self.host_port(i)],
@@ -202,12 +201,9 @@ class PartitionNetwork:
         both ends."""
         _ip("link", "set", self.host_port(i), "up")
         self._cut.discard(i)
-        deadline = time.monotonic() + 10
-        while not (self._port_forwarding(i) and "LOWER_UP" in _ip(
-                "-n", self.namespace(i), "link", "show", "eth0").stdout):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the link of member {i} did not come back up")
-            time.sleep(0.05)
+        wait_until(lambda: self._port_forwarding(i) and "LOWER_UP" in _ip(
+                       "-n", self.namespace(i), "link", "show", "eth0").stdout,
+                   timeout=10, interval=0.05, what=f"the link of member {i} to come back up")
 
     def isolate_from_peers(self, i: int) -> None:
         """Cuts only the paths between member ``i`` and the other members: both keep reaching
@@ -287,9 +283,8 @@ def _kill_inside(namespace: str) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
-        time.sleep(0.05)
+    # a clean-up: it goes on, whether they are gone or not
+    poll_until(lambda: not any(_pid_alive(p) for p in pids), timeout=10, interval=0.05)
 
 
 def _clean_up_abandoned() -> None:

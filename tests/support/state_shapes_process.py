@@ -31,6 +31,7 @@ from jetwake import (
 # run as a script: tests/ (where `support` is) is not on sys.path by itself
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support.restores import record_restores  # noqa: E402
+from support.waiting import poll_until  # noqa: E402
 
 KEYS = 13
 WINDOW = 100
@@ -196,12 +197,9 @@ def main() -> None:
             time.sleep(1)
     want = expected(shape, events)
     out = member.get_map("out")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if all(k in out and normalized(shape, out[k]) == normalized(shape, v)
-               for k, v in want.items()):
-            break
-        time.sleep(0.05)
+    # at most a minute: result.json then says what is there, and the test what is missing
+    poll_until(lambda: all(k in out and normalized(shape, out[k]) == normalized(shape, v)
+                           for k, v in want.items()), timeout=60, interval=0.05)
     time.sleep(0.3)  # anything still in flight (a duplicate) would land now
     got = {json.dumps(k): normalized(shape, v) for k, v in out.items()}
     with open(os.path.join(data_dir, "result.json"), "w") as f:
