@@ -105,7 +105,7 @@ def _default(obj: Any) -> Any:
         "jetwake.register_type() for this class")
 
 
-def sorted_if_possible(values: Any) -> list:
+def sorted_if_possible(values: Any) -> list[Any]:
     """Sets are packed in sorted order when their elements allow it, for stable bytes."""
     try:
         return sorted(values)
@@ -159,7 +159,7 @@ def _pack(obj: Any) -> bytes:
         free = _packers.free = []
     packer = free.pop() if free else msgpack.Packer(default=_default, strict_types=True,
                                                     use_bin_type=True)
-    data = packer.pack(obj)  # a packer that raised is not given back: its state is unknown
+    data: bytes = packer.pack(obj)  # a packer that raised is not given back: its state is unknown
     if len(data) <= _POOLED_RESULT_MAX:
         free.append(packer)
     return data

@@ -49,7 +49,7 @@ CHECKPOINT_VERSION = 1
 _IMMUTABLE_SUFFIXES = (".sst", ".blob")
 
 
-def checkpoint_meta(counts: list[int]) -> dict:
+def checkpoint_meta(counts: list[int]) -> dict[str, Any]:
     """The ``meta`` of a checkpoint's :class:`SnapshotFiles`: its format and the number of
     entries of every non-empty partition, so a restore can skip saved sets holding none of its
     partitions without opening them."""

@@ -50,7 +50,7 @@ class SnapshotFiles:
     __slots__ = ("directory", "files", "meta")
 
     def __init__(self, directory: str | os.PathLike[str], files: Iterable[str],
-                 meta: dict | None = None) -> None:
+                 meta: dict[str, Any] | None = None) -> None:
         if not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"directory must be a path, got {type(directory).__name__}")
         if isinstance(files, (str, bytes)):
@@ -62,7 +62,7 @@ class SnapshotFiles:
             raise TypeError(f"meta must be a dict or None, got {type(meta).__name__}")
         self.directory: str = os.fspath(directory)
         self.files: tuple[str, ...] = names
-        self.meta: dict = {} if meta is None else meta
+        self.meta: dict[str, Any] = {} if meta is None else meta
 
     def path(self, name: str) -> str:
         """The current path of the file ``name``."""
@@ -97,7 +97,7 @@ def _copy(src: str, dst: str) -> None:
     os.replace(tmp, dst)
 
 
-def save_files(value: SnapshotFiles, dest_dir: str | os.PathLike[str]) -> dict:
+def save_files(value: SnapshotFiles, dest_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Hard-links (copying when linking fails, e.g. EXDEV) every file into ``dest_dir``
     (created), fsyncs, and returns a msgpack-serializable manifest:
     ``{"files": [[name, size], ...], "meta": meta}``.
@@ -141,7 +141,7 @@ def save_files(value: SnapshotFiles, dest_dir: str | os.PathLike[str]) -> dict:
     return {"files": listed, "meta": value.meta}
 
 
-def load_files(manifest: dict, directory: str | os.PathLike[str]) -> SnapshotFiles:
+def load_files(manifest: dict[str, Any], directory: str | os.PathLike[str]) -> SnapshotFiles:
     """The :class:`SnapshotFiles` of a saved ``manifest`` whose files are in ``directory``;
     checks that every file exists with the recorded size, else raises
     :class:`SnapshotFilesDamagedError` naming the file."""
