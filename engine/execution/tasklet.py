@@ -19,7 +19,7 @@ from jetwake.engine.execution.outbound import OutboundEdgeStream
 from jetwake.engine.execution.watermark_coalescer import WatermarkCoalescer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from jetwake.engine.execution.execution_service import Execution, _Worker
+    from jetwake.engine.execution.execution_service import Execution, CooperativeWorker
     from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 
 __all__ = ["ProcessorTasklet", "ProcessorState", "NO_PROGRESS", "MADE_PROGRESS", "DONE_STATE"]
@@ -97,7 +97,7 @@ class ProcessorTasklet:
         self.items_in = 0
         self.items_out = 0
         # set by the execution service's scheduler
-        self.steal_to: _Worker | None = None
+        self.steal_to: CooperativeWorker | None = None
         self.execution: Execution | None = None
 
     def init(self) -> None:
