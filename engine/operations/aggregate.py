@@ -40,6 +40,9 @@ _IMMUTABLE_ACCS = frozenset((int, float, complex, bool, str, bytes, tuple, froze
 class AggregateOperation:
     """A custom aggregation, from its primitives (see the module docstring)."""
 
+    #: what ``repr`` calls the operation; each built-in one names itself
+    label = "custom"
+
     def __init__(self, create: Callable[[], Any], accumulate: Callable[[Any, Any], Any],
                  combine: Callable[[Any, Any], Any] | None = None,
                  deduct: Callable[[Any, Any], Any] | None = None,
@@ -104,7 +107,7 @@ class AggregateOperation:
             table[k] = acc if mine is _MISSING else combine(mine, acc)  # type: ignore[misc]
 
     def __repr__(self) -> str:
-        return f"AggregateOperation({getattr(self, 'label', 'custom')})"
+        return f"AggregateOperation({self.label})"
 
 
 class _Counting(AggregateOperation):

@@ -53,10 +53,10 @@ class KeyedWindowResult(_KeyedWindowResultFields):
 
 
 serialization.register_type(
-    getattr(serialization, "WINDOW_RESULT_TYPE_ID", 2), WindowResult,
+    serialization.WINDOW_RESULT_TYPE_ID, WindowResult,
     lambda r: [r.start, r.end, r.result, r.is_early],
     lambda v: WindowResult(v[0], v[1], v[2], v[3]))
 serialization.register_type(
-    getattr(serialization, "KEYED_WINDOW_RESULT_TYPE_ID", 3), KeyedWindowResult,
+    serialization.KEYED_WINDOW_RESULT_TYPE_ID, KeyedWindowResult,
     lambda r: [r.start, r.end, r.key, r.result, r.is_early],
     lambda v: KeyedWindowResult(v[0], v[1], v[2], v[3], v[4]))
