@@ -17,10 +17,11 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Callable
 
 from jetwake.engine.execution.execution_metrics import Counts, member_counts
 from jetwake.engine.execution.tasklet import DONE_STATE, NO_PROGRESS, ProcessorTasklet
+from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 
 __all__ = ["ExecutionService", "Execution", "CooperativeWorker", "collect_less_often",
            "CPYTHON_GC_THRESHOLDS", "GC_FIRST_THRESHOLD"]
@@ -49,7 +50,8 @@ class Execution:
     """The tasklets of one job on this member, and how their run ended."""
 
     def __init__(self, name: str, tasklets: list[ProcessorTasklet],
-                 on_end: Callable[["Execution"], None], snapshot: Any = None) -> None:
+                 on_end: Callable[["Execution"], None],
+                 snapshot: SnapshotContext | None = None) -> None:
         self.name = name
         self.snapshot = snapshot
         self.tasklets = tasklets

@@ -16,7 +16,7 @@ exactly as inside one member. Edges that are not distributed stay inside the mem
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from jetwake.engine.core.dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
 from jetwake.engine.core.edge_transform import for_processor
@@ -30,6 +30,8 @@ from jetwake.engine.execution.inbound import InboundEdgeStream
 from jetwake.engine.execution.outbound import OutboundEdgeStream, QueueEnd
 from jetwake.engine.execution.tasklet import ProcessorTasklet
 from jetwake.engine.execution.watermark_coalescer import WatermarkCoalescer
+from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
+from jetwake.snapshot.state.keyed_state import KeyedStateBackend
 
 __all__ = ["PlanContext", "RemoteEdges", "build_tasklets", "resolve_parallelism",
            "local_partition_table"]
@@ -57,8 +59,8 @@ class PlanContext:
     member_index: int = 0
     member_count: int = 1
     outbox_capacity: int = 4096
-    snapshot: Any = None
-    state_factory: Any = None
+    snapshot: SnapshotContext | None = None
+    state_factory: Callable[[str, int, str], KeyedStateBackend] | None = None
     state_backend: str = "memory"
     snapshot_interval_ms: int = 0
     remote: RemoteEdges | None = None
@@ -201,7 +203,7 @@ class _EdgeWiring:
                     else:
                         targets.append(remote.outbound(
                             self.index, src, member * pd + d, member))
-            table: Any = processor_partition_table(count, pd)
+            table: Sequence[int] = processor_partition_table(count, pd)
         else:
             targets = [self.local[(u, d)] for d in range(pd)]
             table = local_partition_table(m, count, pd)
