@@ -8,7 +8,7 @@ events with ``start <= timestamp < end``.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 from jetwake.engine.core import serialization
 
@@ -33,7 +33,7 @@ class WindowResult(_WindowResultFields):
 
     is_early = False
 
-    def __new__(cls, start: int, end: int, result: Any, is_early: bool = False):
+    def __new__(cls, start: int, end: int, result: Any, is_early: bool = False) -> Self:
         self = tuple.__new__(cls, (start, end, result))
         if is_early:
             self.is_early = True
@@ -45,7 +45,8 @@ class KeyedWindowResult(_KeyedWindowResultFields):
 
     is_early = False
 
-    def __new__(cls, start: int, end: int, key: Any, result: Any, is_early: bool = False):
+    def __new__(cls, start: int, end: int, key: Any, result: Any,
+                is_early: bool = False) -> Self:
         self = tuple.__new__(cls, (start, end, key, result))
         if is_early:
             self.is_early = True
