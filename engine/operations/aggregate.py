@@ -81,7 +81,8 @@ class AggregateOperation:
     def can_deduct(self) -> bool:
         return self.deduct is not None
 
-    def accumulate_grouped(self, table: dict[Any, Any], keys: Iterable[Any], items: list[Any]) -> None:
+    def accumulate_grouped(self, table: dict[Any, Any], keys: Iterable[Any],
+                           items: list[Any]) -> None:
         """Accumulates each item into ``table[key]``; built-ins override it with faster loops."""
         create = self.create
         accumulate = self.accumulate
@@ -119,7 +120,8 @@ class _Counting(AggregateOperation):
         super().__init__(create=lambda: 0, accumulate=lambda a, _x: a + 1,
                          combine=lambda a, b: a + b, deduct=lambda a, b: a - b)
 
-    def accumulate_grouped(self, table: dict[Any, Any], keys: Iterable[Any], items: list[Any]) -> None:
+    def accumulate_grouped(self, table: dict[Any, Any], keys: Iterable[Any],
+                           items: list[Any]) -> None:
         _count_elements(table, keys)
 
     def accumulate_all(self, acc: Any, items: list[Any]) -> Any:
@@ -135,7 +137,8 @@ class _Summing(AggregateOperation):
         super().__init__(create=lambda: 0, accumulate=lambda a, x: a + fn(x),
                          combine=lambda a, b: a + b, deduct=lambda a, b: a - b)
 
-    def accumulate_grouped(self, table: dict[Any, Any], keys: Iterable[Any], items: list[Any]) -> None:
+    def accumulate_grouped(self, table: dict[Any, Any], keys: Iterable[Any],
+                           items: list[Any]) -> None:
         get = table.get
         for k, v in zip(keys, map(self.fn, items)):
             table[k] = get(k, 0) + v
