@@ -11,14 +11,13 @@ restore from snapshot N it re-runs N's phase 2 if the list's marker is below N.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from jetwake.engine.core.processor import Inbox, Processor, ProcessorContext
 from jetwake.engine.processors.two_phase_sink import TwoPhaseCommitSink
 from jetwake.engine.backfill.connector_forms import SparkWriter
-from jetwake.engine.core.errors import PipelineError
 
-__all__ = ["ListSinkProcessor", "ExactlyOnceListSinkProcessor", "ListSparkWriter"]
+__all__ = ["ListSinkProcessor", "ExactlyOnceListSinkProcessor", "ListSparkWriter", "CommittingList"]
 
 
 class ListSinkProcessor(Processor):
@@ -64,6 +63,14 @@ class ExactlyOnceListSinkProcessor(TwoPhaseCommitSink):
         return self._list.committed_snapshot(writer)
 
 
+class CommittingList(Protocol):
+    """A member's list as the Spark backfill writes it: a member's ``NamedList``, a cluster's
+    list, or a client's ``RemoteList``, whichever ``member.get_list`` returns."""
+
+    def commit(self, items: list[Any], writer: str, snapshot_id: int) -> bool:
+        """Appends ``items`` unless ``writer`` committed ``snapshot_id`` (or a later one)."""
+
+
 class ListSparkWriter(SparkWriter):
     """``Sinks.list`` on the Spark backfill: the items appended through the member's API on
     the driver, chunk by chunk, in partition order; each chunk a commit of this run's writer,
@@ -77,15 +84,11 @@ class ListSparkWriter(SparkWriter):
     def write(self, backfill: Any, t: Any, chunks: Any) -> int:
         import uuid
 
-        member = backfill.member
-        commit = getattr(member.get_list(self.name), "commit", None)
-        if commit is None:
-            raise PipelineError(f"sink stage {t.name!r}: the member's list {self.name!r} "
-                                f"cannot be appended to through {type(member).__name__}")
+        target: CommittingList = backfill.member.get_list(self.name)
         writer = f"backfill-{uuid.uuid4().hex[:12]}-{t.name}"
         n = 0
         for chunk in chunks.toLocalIterator(prefetchPartitions=True):
             if chunk:
                 n += len(chunk)
-                commit(chunk, writer, n)
+                target.commit(chunk, writer, n)
         return n

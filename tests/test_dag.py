@@ -252,6 +252,17 @@ def test_edge_builders_set_routing_distribution_and_priority():
     assert not Edge.between(a, b).is_distributed
 
 
+def test_an_edge_without_a_destination_is_refused_naming_to():
+    dag = DAG()
+    a = dag.new_vertex("a", Processor)
+    e = Edge.from_(a, 1)
+    with pytest.raises(DagValidationError, match=r"no destination vertex; call to\(\)"):
+        e.destination
+    with pytest.raises(DagValidationError, match="the edge has no destination vertex"):
+        dag.edge(e)
+    assert repr(e) == "Edge(a[1] -> ?[0])"
+
+
 # --- routing in a running job ------------------------------------------------------------
 
 def test_unicast_edge_delivers_each_item_exactly_once():

@@ -268,6 +268,24 @@ def test_all_of_gives_a_tuple_of_results(member):
     assert result == expected
 
 
+def test_all_of_combines_and_deducts_only_when_every_operation_can():
+    both = Ops.all_of(Ops.counting(), Ops.summing(lambda x: x))
+    assert both.combine is not None and both.deduct is not None
+    assert both.combine([2, 5], [1, 4]) == [3, 9]
+    assert both.deduct([3, 9], [1, 4]) == [2, 5]
+    no_deduct = Ops.all_of(Ops.counting(), Ops.to_list())
+    assert no_deduct.combine is not None and no_deduct.deduct is None
+    single_stage = Ops.all_of(Ops.counting(), AggregateOperation(list, lambda a, x: a + [x]))
+    assert single_stage.combine is None
+    with pytest.raises(TypeError, match="has no combine: it runs in a single stage"):
+        single_stage.combine_grouped({}, [("k", [[1], [2]])])
+
+
+def test_an_aggregate_operation_names_itself_in_its_repr():
+    assert repr(Ops.counting()) == "AggregateOperation(counting)"
+    assert repr(AggregateOperation(list, lambda a, x: a + [x])) == "AggregateOperation(custom)"
+
+
 def test_keyless_aggregate_emits_one_result(member):
     p = Pipeline()
     p.read_from(Sources.items(range(1, 1001))) \

@@ -87,6 +87,6 @@ def test_a_value_that_fails_inside_a_nested_tuple_leaves_the_next_values_bytes_r
 def test_values_larger_than_a_kept_packer_round_trip_and_the_next_small_one_is_right():
     big = [(i, "x" * 100) for i in range(20_000)]  # about 2.4 MB
     data = dumps(big)
-    assert len(data) > serialization._POOLED_RESULT_MAX
+    assert len(data) > serialization.POOLED_RESULT_MAX
     assert loads(data) == big
     assert dumps(("k", 1)) == reference_dumps(("k", 1))

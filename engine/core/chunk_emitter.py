@@ -12,7 +12,7 @@ __all__ = ["ChunkEmitter", "iter_chunks", "CHUNK_SIZE"]
 CHUNK_SIZE = 1024
 
 
-def iter_chunks(items: Iterable[Any], size: int = CHUNK_SIZE) -> Iterator[list]:
+def iter_chunks(items: Iterable[Any], size: int = CHUNK_SIZE) -> Iterator[list[Any]]:
     """Yields lists of at most ``size`` items."""
     it = iter(items)
     while chunk := list(islice(it, size)):
@@ -29,7 +29,7 @@ class ChunkEmitter:
 
     def __init__(self, items: Iterable[Any], ordinal: int = -1, size: int = CHUNK_SIZE) -> None:
         self._chunks = iter_chunks(items, size)
-        self._pending: list | None = None
+        self._pending: list[Any] | None = None
         self._ordinal = ordinal
 
     def emit(self, outbox: Outbox) -> bool:

@@ -54,11 +54,12 @@ class Edge:
     a processor drains every edge of a lower priority number before a higher one.
     """
 
-    def __init__(self, source: Vertex, source_ordinal: int, destination: Vertex,
+    def __init__(self, source: Vertex, source_ordinal: int, destination: Vertex | None,
                  dest_ordinal: int) -> None:
         self.source = source
         self.source_ordinal = source_ordinal
-        self.destination = destination
+        # None only between from_() and to(): DAG.edge() refuses an edge without a destination
+        self._destination = destination
         self.dest_ordinal = dest_ordinal
         self.routing = RoutingPolicy.UNICAST
         self.key_fn: Callable[[Any], Any] | None = None
@@ -67,7 +68,7 @@ class Edge:
         self.queue_size = 64  # in chunks
         # fused stateless stages (list -> list), applied to each chunk before routing; an
         # EdgeTransform (engine/core/edge_transform.py) gets one instance per processor
-        self.transform: Callable[[list], list] | None = None
+        self.transform: Callable[[list[Any]], list[Any]] | None = None
 
     @classmethod
     def between(cls, source: Vertex, destination: Vertex) -> "Edge":
@@ -75,11 +76,17 @@ class Edge:
 
     @classmethod
     def from_(cls, source: Vertex, ordinal: int = 0) -> "Edge":
-        edge = cls(source, ordinal, None, 0)  # type: ignore[arg-type]
-        return edge
+        return cls(source, ordinal, None, 0)
+
+    @property
+    def destination(self) -> Vertex:
+        """The vertex this edge feeds (an edge made by ``from_()`` has one after ``to()``)."""
+        if self._destination is None:
+            raise DagValidationError(f"{self}: the edge has no destination vertex; call to()")
+        return self._destination
 
     def to(self, destination: Vertex, ordinal: int = 0) -> "Edge":
-        self.destination = destination
+        self._destination = destination
         self.dest_ordinal = ordinal
         return self
 
@@ -120,7 +127,7 @@ class Edge:
         return self
 
     def __repr__(self) -> str:
-        dest = self.destination.name if self.destination is not None else "?"
+        dest = self._destination.name if self._destination is not None else "?"
         return (f"Edge({self.source.name}[{self.source_ordinal}] -> "
                 f"{dest}[{self.dest_ordinal}])")
 
@@ -143,7 +150,7 @@ class DAG:
         return vertex
 
     def edge(self, edge: Edge) -> "DAG":
-        for end, v in (("source", edge.source), ("destination", edge.destination)):
+        for end, v in (("source", edge.source), ("destination", edge._destination)):
             if v is None:
                 raise DagValidationError(f"{edge}: the edge has no {end} vertex")
             if self._vertices.get(v.name) is not v:

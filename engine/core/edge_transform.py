@@ -17,10 +17,10 @@ __all__ = ["EdgeTransform", "for_processor"]
 class EdgeTransform:
     """A ``list -> list`` function over a chunk with per-processor instances."""
 
-    def __call__(self, items: list) -> list:
+    def __call__(self, items: list[Any]) -> list[Any]:
         raise NotImplementedError(f"{type(self).__qualname__} must implement __call__")
 
-    def for_processor(self) -> Callable[[list], list]:
+    def for_processor(self) -> Callable[[list[Any]], list[Any]]:
         """The instance one upstream processor applies to its chunks (default: ``self``)."""
         return self
 
@@ -30,7 +30,8 @@ class EdgeTransform:
         return iter(())
 
 
-def for_processor(transform: Callable[[list], list] | None) -> Callable[[list], list] | None:
+def for_processor(transform: Callable[[list[Any]], list[Any]] | None
+                  ) -> Callable[[list[Any]], list[Any]] | None:
     """What a processor applies on an edge whose ``transform`` is ``transform``."""
     if isinstance(transform, EdgeTransform):
         return transform.for_processor()

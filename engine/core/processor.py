@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.core.stream_items import Watermark
@@ -18,6 +18,7 @@ from jetwake.engine.core.serialization import BROADCAST_KEY_TYPE_ID, register_ty
 
 if TYPE_CHECKING:  # pragma: no cover
     from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
+    from jetwake.snapshot.state.keyed_state import KeyedStateBackend
 
 __all__ = ["Processor", "Inbox", "Outbox", "ProcessorContext", "BroadcastKey"]
 
@@ -31,8 +32,8 @@ class Inbox:
 
     __slots__ = ("_items", "_pos")
 
-    def __init__(self, items: list | None = None) -> None:
-        self._items: list = items if items is not None else []
+    def __init__(self, items: list[Any] | None = None) -> None:
+        self._items: list[Any] = items if items is not None else []
         self._pos = 0
 
     def __len__(self) -> int:
@@ -41,7 +42,7 @@ class Inbox:
     def __bool__(self) -> bool:
         return len(self._items) > self._pos
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         """Iterates the remaining items without removing them."""
         items = self._items
         return iter(items if self._pos == 0 else items[self._pos:])
@@ -70,7 +71,7 @@ class Inbox:
             raise IndexError("remove() on an empty inbox")
         self.poll()
 
-    def drain(self) -> list:
+    def drain(self) -> list[Any]:
         """Removes and returns every item, as a list the caller may keep."""
         items = self._items if self._pos == 0 else self._items[self._pos:]
         self._items = []
@@ -81,7 +82,7 @@ class Inbox:
         self._items = []
         self._pos = 0
 
-    def _fill(self, items: list) -> None:
+    def _fill(self, items: list[Any]) -> None:
         # the engine hands its drained list over without copying
         self._items = items
         self._pos = 0
@@ -107,8 +108,8 @@ class Outbox:
         self.ordinal_count = ordinal_count
         self.capacity = capacity
         # each bucket holds data chunks (lists) and control items in emission order
-        self._entries: list[list] = [[] for _ in range(ordinal_count)]
-        self._open: list[list | None] = [None] * ordinal_count
+        self._entries: list[list[Any]] = [[] for _ in range(ordinal_count)]
+        self._open: list[list[Any] | None] = [None] * ordinal_count
         self._counts = [0] * ordinal_count
         self._snapshot: list[tuple[Any, Any]] = []
         self._snapshot_capacity = capacity if snapshot_capacity is None else snapshot_capacity
@@ -147,7 +148,7 @@ class Outbox:
         self._counts[ordinal] += 1
         self.added += 1
 
-    def offer_chunk(self, ordinal: int, items: list) -> bool:
+    def offer_chunk(self, ordinal: int, items: list[Any]) -> bool:
         """Adds a list of items at once; the outbox takes ownership of the list."""
         if not items:
             return True
@@ -162,7 +163,7 @@ class Outbox:
         self._add_chunk(ordinal, items)
         return True
 
-    def _add_chunk(self, ordinal: int, items: list) -> None:
+    def _add_chunk(self, ordinal: int, items: list[Any]) -> None:
         self._entries[ordinal].append(items)
         self._open[ordinal] = None
         self._counts[ordinal] += len(items)
@@ -200,11 +201,11 @@ class Outbox:
     def is_empty(self) -> bool:
         return not any(self._entries) and not self._snapshot
 
-    def drain(self, ordinal: int = 0) -> list:
+    def drain(self, ordinal: int = 0) -> list[Any]:
         """Removes and returns what ``ordinal``'s bucket holds, as the engine would take it:
         data items and control items (watermarks, barriers) in one list, in emission order.
         For code that runs a processor without an engine, such as tests."""
-        out: list = []
+        out: list[Any] = []
         for entry in self._take(ordinal):
             if type(entry) is list:
                 out.extend(entry)
@@ -218,7 +219,7 @@ class Outbox:
         return self._take_snapshot()
 
     # used by the engine
-    def _take(self, ordinal: int) -> list:
+    def _take(self, ordinal: int) -> list[Any]:
         entries = self._entries[ordinal]
         if entries:
             self._entries[ordinal] = []
@@ -226,7 +227,7 @@ class Outbox:
             self._counts[ordinal] = 0
         return entries
 
-    def _put_back(self, ordinal: int, entries: list) -> None:
+    def _put_back(self, ordinal: int, entries: list[Any]) -> None:
         if entries:
             self._entries[ordinal][:0] = entries
             self._counts[ordinal] += sum(len(e) for e in entries if type(e) is list)
@@ -261,15 +262,15 @@ class ProcessorContext:
     owned_partitions: Sequence[int] = ()
     member: Any = None
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("jetwake"))
-    metrics: dict = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
     snapshot: "SnapshotContext | None" = None
     # (vertex, processor index, name) -> a keyed state backend; the engine sets it from
     # JobConfig.state_backend, which ``state_backend`` names ("memory", "rocksdb")
-    state_factory: Any = None
+    state_factory: Callable[[str, int, str], KeyedStateBackend] | None = None
     state_backend: str = "memory"
-    _states: list = field(default_factory=list)
+    _states: list[KeyedStateBackend] = field(default_factory=list)
 
-    def keyed_state(self, name: str = "state"):
+    def keyed_state(self, name: str = "state") -> KeyedStateBackend:
         """A keyed state store for this processor: in memory, or RocksDB with a write-back
         cache when the job's ``JobConfig.state_backend`` is "rocksdb". Its content is the
         processor's to save in snapshots; it is deleted when the execution ends."""

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import msgpack
 
-__all__ = ["dumps", "loads", "register_type", "SerializationError"]
+__all__ = ["dumps", "loads", "register_type", "SerializationError", "POOLED_RESULT_MAX"]
 
 _EXT_TUPLE = 1
 _EXT_SET = 2
@@ -105,7 +105,7 @@ def _default(obj: Any) -> Any:
         "jetwake.register_type() for this class")
 
 
-def sorted_if_possible(values: Any) -> list:
+def sorted_if_possible(values: Any) -> list[Any]:
     """Sets are packed in sorted order when their elements allow it, for stable bytes."""
     try:
         return sorted(values)
@@ -140,7 +140,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
-_POOLED_RESULT_MAX = 1 << 20
+POOLED_RESULT_MAX = 1 << 20
 """A packer that produced more than this many bytes is dropped rather than kept: its buffer
 has grown to that size and would stay allocated."""
 
@@ -159,8 +159,8 @@ def _pack(obj: Any) -> bytes:
         free = _packers.free = []
     packer = free.pop() if free else msgpack.Packer(default=_default, strict_types=True,
                                                     use_bin_type=True)
-    data = packer.pack(obj)  # a packer that raised is not given back: its state is unknown
-    if len(data) <= _POOLED_RESULT_MAX:
+    data: bytes = packer.pack(obj)  # a packer that raised is not given back: its state is unknown
+    if len(data) <= POOLED_RESULT_MAX:
         free.append(packer)
     return data
 

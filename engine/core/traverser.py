@@ -42,7 +42,7 @@ class Traverser:
         return Traverser(x for x in self._it if fn(x))
 
     def flat_map(self, fn: Callable[[Any], "Traverser | Iterable[Any]"]) -> "Traverser":
-        def gen():
+        def gen() -> Iterator[Any]:
             for item in self._it:
                 inner = fn(item)
                 if isinstance(inner, Traverser):
@@ -53,7 +53,7 @@ class Traverser:
         return Traverser(gen())
 
     def append(self, item: Any) -> "Traverser":
-        def gen():
+        def gen() -> Iterator[Any]:
             yield from self._it
             yield item
         return Traverser(gen())

@@ -51,21 +51,21 @@ def _decode(vb: bytes | None) -> Any:
     return None if vb is None else loads(vb)
 
 
-class _ItemsView(ItemsView):
+class _ItemsView(ItemsView[Any, Any]):
     _mapping: MapSurface  # set by ItemsView.__init__
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         return self._mapping.entries()
 
 
-class _ValuesView(ValuesView):
+class _ValuesView(ValuesView[Any]):
     _mapping: MapSurface  # set by ValuesView.__init__
 
     def __iter__(self) -> Iterator[Any]:
         return (v for _, v in self._mapping.entries())
 
 
-class MapSurface(MutableMapping):
+class MapSurface(MutableMapping[Any, Any]):
     """A named mutable mapping whose keys and values are stored serialized; reads return fresh
     copies and ``None`` is not a value (it means "absent").
 
@@ -143,13 +143,13 @@ class MapSurface(MutableMapping):
     def __iter__(self) -> Iterator[Any]:
         return (k for k, _ in self.entries())
 
-    def keys(self) -> KeysView:
+    def keys(self) -> KeysView[Any]:
         return KeysView(self)
 
-    def items(self) -> ItemsView:
+    def items(self) -> ItemsView[Any, Any]:
         return _ItemsView(self)
 
-    def values(self) -> ValuesView:
+    def values(self) -> ValuesView[Any]:
         return _ValuesView(self)
 
     # -- writing --------------------------------------------------------------------------

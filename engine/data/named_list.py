@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, overload
 
 __all__ = ["NamedList"]
 
 
-class NamedList(Sequence):
+class NamedList(Sequence[Any]):
     """A thread-safe, append-only-by-sinks list; reading gives a consistent view."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._items: list = []
+        self._items: list[Any] = []
         self._lock = threading.Lock()
         # writer id -> id of the last snapshot whose items it committed (exactly-once sinks)
         self._markers: dict[str, int] = {}
@@ -27,7 +27,7 @@ class NamedList(Sequence):
         with self._lock:
             self._items.append(item)
 
-    def commit(self, items: list, writer: str, snapshot_id: int) -> bool:
+    def commit(self, items: list[Any], writer: str, snapshot_id: int) -> bool:
         """Appends ``items`` and records ``snapshot_id`` for ``writer`` in one step; does
         nothing (False) if that snapshot's items were committed already."""
         with self._lock:
@@ -45,7 +45,13 @@ class NamedList(Sequence):
         with self._lock:
             self._items = []
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
         return self._items[index]
 
     def __len__(self) -> int:

@@ -92,6 +92,9 @@ class _Storage(Protocol):
 
     def events(self, start: int, stop: int) -> list[_RawEvent]: ...
 
+    def take_unsynced(self) -> bool:
+        """Whether anything was written since the last sync; clears the flag."""
+
     def sync(self) -> None: ...
 
     def close(self) -> None: ...
@@ -139,6 +142,9 @@ class _MemoryStorage:
 
     def events(self, start: int, stop: int) -> list[_RawEvent]:
         return [self._ring[seq % self._capacity] for seq in range(start, stop)]
+
+    def take_unsynced(self) -> bool:
+        return False  # nothing to make durable in memory
 
     def sync(self) -> None:
         pass
@@ -386,8 +392,7 @@ class KeyValueMap(MapSurface):
         with self._lock:
             if self._closed:
                 return
-            take = getattr(self._storage, "take_unsynced", None)
-            if take is not None and not take():
+            if not self._storage.take_unsynced():
                 return  # nothing written since the last sync
         # outside the lock: writers go on while the log is synced; what they add is synced
         # now or flagged for the next sync (a failed sync flags the map again)

@@ -17,7 +17,7 @@ class ChunkQueue:
     __slots__ = ("_dq", "capacity", "append", "popleft", "name")
 
     def __init__(self, capacity: int = 64, name: str = "") -> None:
-        self._dq: deque = deque()
+        self._dq: deque[Any] = deque()
         self.capacity = capacity
         self.append = self._dq.append
         self.popleft = self._dq.popleft

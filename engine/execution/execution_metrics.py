@@ -10,9 +10,10 @@ their end.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 from jetwake.engine.core.edge_transform import EdgeTransform
+from jetwake.engine.execution.tasklet import ProcessorTasklet
 
 __all__ = ["Counts", "StageMetrics", "vertex_counts", "stage_counts", "member_counts", "summed"]
 
@@ -20,7 +21,7 @@ __all__ = ["Counts", "StageMetrics", "vertex_counts", "stage_counts", "member_co
 Counts = dict[str, dict[str, float]]
 
 
-def vertex_counts(tasklets: Iterable[Any]) -> Counts:
+def vertex_counts(tasklets: Iterable[ProcessorTasklet]) -> Counts:
     """Items in and out per vertex, summed over ``tasklets`` (processors), with the other
     numeric counters they keep in ``context.metrics``."""
     out: Counts = {}
@@ -43,7 +44,7 @@ class StageMetrics:
     items_out: int = 0
 
 
-def stage_counts(tasklets: Iterable[Any]) -> dict[str, StageMetrics]:
+def stage_counts(tasklets: Iterable[ProcessorTasklet]) -> dict[str, StageMetrics]:
     """Items in and out of each stateless stage fused into a vertex, summed over
     ``tasklets``: each edge transform that runs pipeline stages (a pipeline's fused chain)
     says what each counted, on the outbound edges of the vertex the stages are fused into."""
@@ -62,7 +63,7 @@ def stage_counts(tasklets: Iterable[Any]) -> dict[str, StageMetrics]:
     return out
 
 
-def member_counts(tasklets: Iterable[Any]) -> Counts:
+def member_counts(tasklets: Iterable[ProcessorTasklet]) -> Counts:
     """Every vertex's and every fused stage's counts over ``tasklets``: every stage the user
     wrote is there, under its own name or as the vertex named after it."""
     tasklets = list(tasklets)

@@ -17,13 +17,14 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Callable
 
 from jetwake.engine.execution.execution_metrics import Counts, member_counts
 from jetwake.engine.execution.tasklet import DONE_STATE, NO_PROGRESS, ProcessorTasklet
+from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 
-__all__ = ["ExecutionService", "Execution", "collect_less_often", "CPYTHON_GC_THRESHOLDS",
-           "GC_FIRST_THRESHOLD"]
+__all__ = ["ExecutionService", "Execution", "CooperativeWorker", "collect_less_often",
+           "CPYTHON_GC_THRESHOLDS", "GC_FIRST_THRESHOLD"]
 
 log = logging.getLogger("jetwake.execution")
 
@@ -49,7 +50,8 @@ class Execution:
     """The tasklets of one job on this member, and how their run ended."""
 
     def __init__(self, name: str, tasklets: list[ProcessorTasklet],
-                 on_end: Callable[["Execution"], None], snapshot: Any = None) -> None:
+                 on_end: Callable[["Execution"], None],
+                 snapshot: SnapshotContext | None = None) -> None:
         self.name = name
         self.snapshot = snapshot
         self.tasklets = tasklets
@@ -92,7 +94,10 @@ class Execution:
             self._on_end(self)
 
 
-class _Worker(threading.Thread):
+class CooperativeWorker(threading.Thread):
+    """One of the service's threads for cooperative tasklets: calls each of its tasklets in
+    turn, hands a tasklet over when another worker steals it, and backs off when idle."""
+
     def __init__(self, service: "ExecutionService", index: int) -> None:
         super().__init__(name=f"jetwake-cooperative-{index}", daemon=True)
         self.service = service
@@ -168,7 +173,7 @@ class ExecutionService:
         if cooperative_threads < 1:
             raise ValueError(f"cooperative_threads must be >= 1, got {cooperative_threads}")
         self.shut_down = False
-        self._workers = [_Worker(self, i) for i in range(cooperative_threads)]
+        self._workers = [CooperativeWorker(self, i) for i in range(cooperative_threads)]
         self._lock = threading.Lock()
         self._started = False
         self._next_worker = 0
@@ -216,7 +221,7 @@ class ExecutionService:
                 idle = 0
         ex.tasklet_ended(t)
 
-    def try_steal_for(self, thief: _Worker) -> None:
+    def try_steal_for(self, thief: CooperativeWorker) -> None:
         target = max(self._workers, key=lambda w: len(w.tasklets))
         if target is thief or len(target.tasklets) - len(thief.tasklets) < 2:
             return

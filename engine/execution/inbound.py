@@ -8,6 +8,8 @@ docs/fault-tolerance.md, "The two phases").
 
 from __future__ import annotations
 
+from typing import Any
+
 from jetwake.engine.core.stream_items import DONE, SnapshotBarrier, Watermark
 from jetwake.engine.execution.conveyor import ChunkQueue
 from jetwake.engine.execution.watermark_coalescer import WatermarkCoalescer
@@ -37,7 +39,7 @@ class InboundEdgeStream:
     def is_done(self) -> bool:
         return self._live == 0
 
-    def drain(self, sink: list, limit: int) -> tuple[bool, int | None]:
+    def drain(self, sink: list[Any], limit: int) -> tuple[bool, int | None]:
         """Moves items into ``sink`` until ``limit``; returns (progress, coalesced watermark)."""
         progress = False
         new_wm = None

@@ -8,31 +8,39 @@ stays pending here and is retried before anything new is taken from the outbox.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from jetwake.engine.core.dag import RoutingPolicy
 from jetwake.engine.core.partitioning import partition_of
-from jetwake.engine.execution.conveyor import ChunkQueue
 
-__all__ = ["OutboundEdgeStream"]
+__all__ = ["OutboundEdgeStream", "QueueEnd"]
+
+
+class QueueEnd(Protocol):
+    """Where an edge puts its entries: a local :class:`ChunkQueue`, or the sending end of an
+    edge to another member."""
+
+    def offer(self, entry: Any) -> bool:
+        """Adds a chunk (list) or a control item; False when there is no room now."""
 
 
 class OutboundEdgeStream:
     __slots__ = ("ordinal", "targets", "routing", "key_fn", "table", "_pending", "_rr",
                  "_single", "transform")
 
-    def __init__(self, ordinal: int, targets: Sequence[ChunkQueue], routing: RoutingPolicy,
+    def __init__(self, ordinal: int, targets: Sequence[QueueEnd], routing: RoutingPolicy,
                  key_fn: Callable[[Any], Any] | None = None,
                  partition_table: Sequence[int] | None = None,
-                 transform: Callable[[list], list] | None = None) -> None:
+                 transform: Callable[[list[Any]], list[Any]] | None = None) -> None:
         """``partition_table`` maps a partition to an index into ``targets``; ``transform`` is
         the edge's fused stateless stages, applied to each chunk before routing."""
         self.ordinal = ordinal
         self.targets = list(targets)
         self.routing = routing
         self.key_fn = key_fn
-        self.table = partition_table
-        self._pending: list[tuple[ChunkQueue, Any]] = []
+        # empty but for the routings that need it (partitioned, all-to-one)
+        self.table: Sequence[int] = () if partition_table is None else partition_table
+        self._pending: list[tuple[QueueEnd, Any]] = []
         self._rr = 0
         self._single = len(self.targets) == 1
         self.transform = transform
@@ -69,13 +77,13 @@ class OutboundEdgeStream:
         if routing is RoutingPolicy.BROADCAST:
             return self._to_all(entry)
         # ALL_TO_ONE: the table has one entry, the chosen target
-        q = self.targets[self.table[0]]  # type: ignore[index]
+        q = self.targets[self.table[0]]
         if not q.offer(entry):
             self._pending.append((q, entry))
             return False
         return True
 
-    def _unicast(self, chunk: list) -> bool:
+    def _unicast(self, chunk: list[Any]) -> bool:
         targets = self.targets
         n = len(targets)
         start = self._rr
@@ -88,12 +96,13 @@ class OutboundEdgeStream:
         self._rr = (start + 1) % n
         return False
 
-    def _partitioned(self, chunk: list) -> bool:
+    def _partitioned(self, chunk: list[Any]) -> bool:
         table = self.table
         key_fn = self.key_fn
-        parts: dict[int, list] = {}
+        assert key_fn is not None, "a partitioned edge has a key function"
+        parts: dict[int, list[Any]] = {}
         for item in chunk:
-            t = table[partition_of(key_fn(item))]  # type: ignore[index, misc]
+            t = table[partition_of(key_fn(item))]
             bucket = parts.get(t)
             if bucket is None:
                 parts[t] = [item]

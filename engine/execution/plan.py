@@ -16,7 +16,7 @@ exactly as inside one member. Edges that are not distributed stay inside the mem
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from jetwake.engine.core.dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
 from jetwake.engine.core.edge_transform import for_processor
@@ -24,12 +24,14 @@ from jetwake.engine.core.meta_supplier import MetaSupplierContext, SupplierConte
 from jetwake.engine.core.partitioning import (
     partition_of, partitions_of_processor, processor_partition_table,
 )
-from jetwake.engine.core.processor import ProcessorContext
+from jetwake.engine.core.processor import Processor, ProcessorContext
 from jetwake.engine.execution.conveyor import ChunkQueue
 from jetwake.engine.execution.inbound import InboundEdgeStream
-from jetwake.engine.execution.outbound import OutboundEdgeStream
+from jetwake.engine.execution.outbound import OutboundEdgeStream, QueueEnd
 from jetwake.engine.execution.tasklet import ProcessorTasklet
 from jetwake.engine.execution.watermark_coalescer import WatermarkCoalescer
+from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
+from jetwake.snapshot.state.keyed_state import KeyedStateBackend
 
 __all__ = ["PlanContext", "RemoteEdges", "build_tasklets", "resolve_parallelism",
            "local_partition_table"]
@@ -40,9 +42,8 @@ class RemoteEdges(Protocol):
 
     ``edge_index`` is the edge's position in ``DAG.edges``, the same on every member."""
 
-    def outbound(self, edge_index: int, src: int, dst: int, dst_member: int) -> Any:
-        """The sending end towards processor ``dst`` (global index) on ``dst_member``: has
-        ``offer(entry) -> bool`` like a :class:`ChunkQueue`."""
+    def outbound(self, edge_index: int, src: int, dst: int, dst_member: int) -> QueueEnd:
+        """The sending end towards processor ``dst`` (global index) on ``dst_member``."""
 
     def inbound(self, edge_index: int, src: int, dst: int, src_member: int) -> ChunkQueue:
         """The receiving end from processor ``src`` (global index) on ``src_member``."""
@@ -58,8 +59,8 @@ class PlanContext:
     member_index: int = 0
     member_count: int = 1
     outbox_capacity: int = 4096
-    snapshot: Any = None
-    state_factory: Any = None
+    snapshot: SnapshotContext | None = None
+    state_factory: Callable[[str, int, str], KeyedStateBackend] | None = None
     state_backend: str = "memory"
     snapshot_interval_ms: int = 0
     remote: RemoteEdges | None = None
@@ -149,8 +150,11 @@ class _EdgeWiring:
         self.edge = e
         self.pu, self.pd = par[e.source.name], par[e.destination.name]
         self.ctx = ctx
-        self.cluster = e.is_distributed and ctx.member_count > 1 \
+        # the ends crossing to other members, for a distributed edge in a cluster (a plan for
+        # several members has them, build_tasklets checks); None for an edge that stays here
+        cluster = e.is_distributed and ctx.member_count > 1 \
             and e.routing is not RoutingPolicy.ISOLATED
+        self.remote = ctx.remote if cluster else None
         name = f"{e.source.name}->{e.destination.name}"
         self.name = name
         if e.routing is RoutingPolicy.ISOLATED:
@@ -160,11 +164,12 @@ class _EdgeWiring:
             self.local = {(u, d): ChunkQueue(e.queue_size, f"{name}[{u}->{d}]")
                           for u in range(self.pu) for d in range(self.pd)}
 
-    def inbound_queues(self, d: int) -> list:
+    def inbound_queues(self, d: int) -> list[ChunkQueue]:
         e = self.edge
         if e.routing is RoutingPolicy.ISOLATED:
             return [self.local[(d, d)]]
-        if not self.cluster:
+        remote = self.remote
+        if remote is None:
             return [self.local[(u, d)] for u in range(self.pu)]
         m, pu = self.ctx.member_index, self.pu
         dst = m * self.pd + d
@@ -174,7 +179,7 @@ class _EdgeWiring:
                 if member == m:
                     out.append(self.local[(u, d)])
                 else:
-                    out.append(self.ctx.remote.inbound(  # type: ignore[union-attr]
+                    out.append(remote.inbound(
                         self.index, member * pu + u, dst, member))
         return out
 
@@ -186,7 +191,9 @@ class _EdgeWiring:
                                       transform=transform)
         pd = self.pd
         m, count = self.ctx.member_index, self.ctx.member_count
-        if self.cluster:
+        remote = self.remote
+        targets: list[QueueEnd]
+        if remote is not None:
             src = m * self.pu + u
             targets = []
             for member in range(count):
@@ -194,9 +201,9 @@ class _EdgeWiring:
                     if member == m:
                         targets.append(self.local[(u, d)])
                     else:
-                        targets.append(self.ctx.remote.outbound(  # type: ignore[union-attr]
+                        targets.append(remote.outbound(
                             self.index, src, member * pd + d, member))
-            table: Any = processor_partition_table(count, pd)
+            table: Sequence[int] = processor_partition_table(count, pd)
         else:
             targets = [self.local[(u, d)] for d in range(pd)]
             table = local_partition_table(m, count, pd)
@@ -209,14 +216,14 @@ class _EdgeWiring:
             table = (table[partition_of(e.destination.name)],)
             return OutboundEdgeStream(e.source_ordinal, targets, e.routing, None, table,
                                       transform)
-        if e.routing is RoutingPolicy.UNICAST and self.cluster:
+        if e.routing is RoutingPolicy.UNICAST and remote is not None:
             # a distributed unicast edge feeds every member's processors, local ones first
             targets = targets[m * pd:(m + 1) * pd] + targets[:m * pd] + targets[(m + 1) * pd:]
         return OutboundEdgeStream(e.source_ordinal, targets, e.routing, e.key_fn, None,
                                   transform)
 
 
-def _create_processors(v: Vertex, count: int, ctx: PlanContext) -> list:
+def _create_processors(v: Vertex, count: int, ctx: PlanContext) -> list[Processor]:
     meta = v.meta_supplier
     meta.init(MetaSupplierContext(
         job_id=ctx.job_id, job_name=ctx.job_name, vertex_name=v.name, local_parallelism=count,

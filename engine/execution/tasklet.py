@@ -10,7 +10,7 @@ life is a :class:`ProcessorState`.
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jetwake.engine.core.stream_items import DONE, SnapshotBarrier, Watermark
 from jetwake.engine.core.processor import Inbox, Outbox, Processor, ProcessorContext
@@ -19,7 +19,7 @@ from jetwake.engine.execution.outbound import OutboundEdgeStream
 from jetwake.engine.execution.watermark_coalescer import WatermarkCoalescer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from jetwake.engine.execution.execution_service import Execution, _Worker
+    from jetwake.engine.execution.execution_service import Execution, CooperativeWorker
     from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
 
 __all__ = ["ProcessorTasklet", "ProcessorState", "NO_PROGRESS", "MADE_PROGRESS", "DONE_STATE"]
@@ -97,7 +97,7 @@ class ProcessorTasklet:
         self.items_in = 0
         self.items_out = 0
         # set by the execution service's scheduler
-        self.steal_to: _Worker | None = None
+        self.steal_to: CooperativeWorker | None = None
         self.execution: Execution | None = None
 
     def init(self) -> None:
@@ -110,8 +110,9 @@ class ProcessorTasklet:
     def call(self) -> int:
         added_before = self.outbox.added
         moved = self._flush_outbox()
-        if self.snapshot is not None and self.snapshot.phase2_id > self._last_phase2_id:
-            self._do_phase2()
+        snap = self.snapshot
+        if snap is not None and snap.phase2_id > self._last_phase2_id:
+            self._do_phase2(snap)
         state = self._state
         if state == _PROCESS:
             progress = self._process()
@@ -161,7 +162,7 @@ class ProcessorTasklet:
             self._pending_complete_edge.pop(0)
             progress = True
         if self._barrier_ready():
-            self._saving_id = self.snapshot.requested_id  # type: ignore[union-attr]
+            self._saving_id = self._snapshots().requested_id
             self._state = _SAVE_SNAPSHOT
             return True
         if self._group >= len(self._groups):
@@ -179,7 +180,7 @@ class ProcessorTasklet:
             stream = group[(self._stream_rr + k) % n]
             if stream.is_done:
                 continue
-            items: list = []
+            items: list[Any] = []
             moved, wm = stream.drain(items, DRAIN_LIMIT)
             if wm is not None:
                 self._pending_wm = wm
@@ -232,13 +233,14 @@ class ProcessorTasklet:
         return True
 
     def _save_final(self) -> bool:
-        self.context.snapshot_id = self.snapshot.requested_id  # type: ignore[union-attr]
+        snap = self._snapshots()
+        self.context.snapshot_id = snap.requested_id
         done = self.processor.save_to_snapshot()
         entries = self.outbox._take_snapshot()
         if entries:
-            self.snapshot.store_final(self, entries)  # type: ignore[union-attr]
+            snap.store_final(self, entries)
         if done:
-            self.snapshot.final_state_saved(self)  # type: ignore[union-attr]
+            snap.final_state_saved(self)
             self._state = _EMIT_DONE
         return True
 
@@ -253,39 +255,45 @@ class ProcessorTasklet:
         self.context.snapshot_id = self._saving_id
         done = proc.save_to_snapshot()
         entries = self.outbox._take_snapshot()
-        snap = self.snapshot
+        snap = self._snapshots()
         if entries:
-            snap.store(self, self._saving_id, entries)  # type: ignore[union-attr]
+            snap.store(self, self._saving_id, entries)
         if not done:
             return bool(entries)
         if not proc.snapshot_commit_prepare():
             return bool(entries)
         sid = self._saving_id
-        barrier = SnapshotBarrier(sid, snap.is_terminal)  # type: ignore[union-attr]
+        barrier = SnapshotBarrier(sid, snap.is_terminal)
         self.outbox.offer_control(barrier)
         self._last_snapshot_id = sid
         for group in self._groups:
             for stream in group:
                 stream.unblock()
-        snap.phase1_done(self, sid)  # type: ignore[union-attr]
+        snap.phase1_done(self, sid)
         self._state = _TERMINATED if barrier.is_terminal else self._resume_state()
         return True
 
     def _resume_state(self) -> ProcessorState:
         return _PROCESS if self._groups else _COMPLETE
 
-    def _do_phase2(self) -> None:
+    def _snapshots(self) -> SnapshotContext:
+        """The job's snapshot context, in the states that only a job taking snapshots reaches
+        (saving a snapshot, saving the final state)."""
         snap = self.snapshot
-        sid = snap.phase2_id  # type: ignore[union-attr]
+        assert snap is not None, f"{self.name}: a snapshot state in a job without snapshots"
+        return snap
+
+    def _do_phase2(self, snap: SnapshotContext) -> None:
+        sid = snap.phase2_id
         if sid > self._last_snapshot_id:
             return  # this processor has not done phase 1 of that snapshot
-        success = snap.phase2_success  # type: ignore[union-attr]
+        success = snap.phase2_success
         self.context.snapshot_id = sid
         if self.processor.snapshot_commit_finish(success):
             self._last_phase2_id = sid
             if self._state == _TERMINATED and not success:
                 self._state = self._resume_state()  # the terminal snapshot failed: run on
-            snap.phase2_done(self, sid)  # type: ignore[union-attr]
+            snap.phase2_done(self, sid)
 
     # --- outbox to queues -------------------------------------------------------------------
 

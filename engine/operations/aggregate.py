@@ -40,6 +40,9 @@ _IMMUTABLE_ACCS = frozenset((int, float, complex, bool, str, bytes, tuple, froze
 class AggregateOperation:
     """A custom aggregation, from its primitives (see the module docstring)."""
 
+    #: what ``repr`` calls the operation; each built-in one names itself
+    label = "custom"
+
     def __init__(self, create: Callable[[], Any], accumulate: Callable[[Any, Any], Any],
                  combine: Callable[[Any, Any], Any] | None = None,
                  deduct: Callable[[Any, Any], Any] | None = None,
@@ -78,7 +81,8 @@ class AggregateOperation:
     def can_deduct(self) -> bool:
         return self.deduct is not None
 
-    def accumulate_grouped(self, table: dict, keys: Iterable[Any], items: list) -> None:
+    def accumulate_grouped(self, table: dict[Any, Any], keys: Iterable[Any],
+                           items: list[Any]) -> None:
         """Accumulates each item into ``table[key]``; built-ins override it with faster loops."""
         create = self.create
         accumulate = self.accumulate
@@ -89,22 +93,24 @@ class AggregateOperation:
                 acc = create()
             table[k] = accumulate(acc, x)
 
-    def accumulate_all(self, acc: Any, items: list) -> Any:
+    def accumulate_all(self, acc: Any, items: list[Any]) -> Any:
         accumulate = self.accumulate
         for x in items:
             acc = accumulate(acc, x)
         return acc
 
-    def combine_grouped(self, table: dict, pairs: list) -> None:
+    def combine_grouped(self, table: dict[Any, Any], pairs: list[tuple[Any, Any]]) -> None:
         """Merges (key, acc) pairs into ``table``."""
         combine = self.combine
+        if combine is None:
+            raise TypeError(f"{self!r} has no combine: it runs in a single stage")
         get = table.get
         for k, acc in pairs:
             mine = get(k, _MISSING)
-            table[k] = acc if mine is _MISSING else combine(mine, acc)  # type: ignore[misc]
+            table[k] = acc if mine is _MISSING else combine(mine, acc)
 
     def __repr__(self) -> str:
-        return f"AggregateOperation({getattr(self, 'label', 'custom')})"
+        return f"AggregateOperation({self.label})"
 
 
 class _Counting(AggregateOperation):
@@ -114,10 +120,11 @@ class _Counting(AggregateOperation):
         super().__init__(create=lambda: 0, accumulate=lambda a, _x: a + 1,
                          combine=lambda a, b: a + b, deduct=lambda a, b: a - b)
 
-    def accumulate_grouped(self, table: dict, keys: Iterable[Any], items: list) -> None:
+    def accumulate_grouped(self, table: dict[Any, Any], keys: Iterable[Any],
+                           items: list[Any]) -> None:
         _count_elements(table, keys)
 
-    def accumulate_all(self, acc: Any, items: list) -> Any:
+    def accumulate_all(self, acc: Any, items: list[Any]) -> Any:
         return acc + len(items)
 
 
@@ -130,32 +137,33 @@ class _Summing(AggregateOperation):
         super().__init__(create=lambda: 0, accumulate=lambda a, x: a + fn(x),
                          combine=lambda a, b: a + b, deduct=lambda a, b: a - b)
 
-    def accumulate_grouped(self, table: dict, keys: Iterable[Any], items: list) -> None:
+    def accumulate_grouped(self, table: dict[Any, Any], keys: Iterable[Any],
+                           items: list[Any]) -> None:
         get = table.get
         for k, v in zip(keys, map(self.fn, items)):
             table[k] = get(k, 0) + v
 
-    def accumulate_all(self, acc: Any, items: list) -> Any:
+    def accumulate_all(self, acc: Any, items: list[Any]) -> Any:
         return acc + sum(map(self.fn, items))
 
 
 def _avg_acc(fn: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
-    def accumulate(acc: list, x: Any) -> list:
+    def accumulate(acc: list[Any], x: Any) -> list[Any]:
         acc[0] += fn(x)
         acc[1] += 1
         return acc
     return accumulate
 
 
-def _avg_combine(a: list, b: list) -> list:
+def _avg_combine(a: list[Any], b: list[Any]) -> list[Any]:
     return [a[0] + b[0], a[1] + b[1]]
 
 
-def _avg_deduct(a: list, b: list) -> list:
+def _avg_deduct(a: list[Any], b: list[Any]) -> list[Any]:
     return [a[0] - b[0], a[1] - b[1]]
 
 
-def _avg_export(a: list) -> float | None:
+def _avg_export(a: list[Any]) -> float | None:
     return a[0] / a[1] if a[1] else None
 
 
@@ -178,12 +186,12 @@ def _extreme_by(fn: Callable[[Any], Any], better: Callable[[Any, Any], bool]) ->
                               export=lambda a: None if a is None else a[1])
 
 
-def _list_combine(a: list, b: list) -> list:
+def _list_combine(a: list[Any], b: list[Any]) -> list[Any]:
     a.extend(b)
     return a
 
 
-def _set_combine(a: set, b: set) -> set:
+def _set_combine(a: set[Any], b: set[Any]) -> set[Any]:
     a |= b
     return a
 
@@ -223,7 +231,7 @@ class AggregateOperations:
     @staticmethod
     def to_list() -> AggregateOperation:
         """Every item, in arrival order per processor."""
-        def accumulate(a: list, x: Any) -> list:
+        def accumulate(a: list[Any], x: Any) -> list[Any]:
             a.append(x)
             return a
         return AggregateOperation(list, accumulate, _list_combine, export=list)
@@ -231,7 +239,7 @@ class AggregateOperations:
     @staticmethod
     def to_set() -> AggregateOperation:
         """The distinct items."""
-        def accumulate(a: set, x: Any) -> set:
+        def accumulate(a: set[Any], x: Any) -> set[Any]:
             a.add(x)
             return a
         return AggregateOperation(set, accumulate, _set_combine, export=set)
@@ -248,7 +256,7 @@ class AggregateOperations:
         if merge_fn is not None:
             _require_callable(merge_fn, "to_dict() merge_fn")
 
-        def put(d: dict, k: Any, v: Any) -> None:
+        def put(d: dict[Any, Any], k: Any, v: Any) -> None:
             if k in d:
                 if merge_fn is None:
                     raise ValueError(
@@ -257,11 +265,11 @@ class AggregateOperations:
                 v = merge_fn(d[k], v)
             d[k] = v
 
-        def accumulate(d: dict, x: Any) -> dict:
+        def accumulate(d: dict[Any, Any], x: Any) -> dict[Any, Any]:
             put(d, key_fn(x), value_fn(x))
             return d
 
-        def combine(a: dict, b: dict) -> dict:
+        def combine(a: dict[Any, Any], b: dict[Any, Any]) -> dict[Any, Any]:
             for k, v in b.items():
                 put(a, k, v)
             return a
@@ -279,20 +287,23 @@ class AggregateOperations:
                                 "not an AggregateOperation")
         n = len(ops)
 
-        def accumulate(accs: list, x: Any) -> list:
+        def accumulate(accs: list[Any], x: Any) -> list[Any]:
             for i in range(n):
                 accs[i] = ops[i].accumulate(accs[i], x)
             return accs
 
-        combine = deduct = None
-        if all(op.can_combine for op in ops):
-            def combine(a: list, b: list) -> list:  # type: ignore[misc]
-                return [ops[i].combine(a[i], b[i]) for i in range(n)]  # type: ignore[misc]
-        if all(op.can_deduct for op in ops):
-            def deduct(a: list, b: list) -> list:  # type: ignore[misc]
-                return [ops[i].deduct(a[i], b[i]) for i in range(n)]  # type: ignore[misc]
+        # combine and deduct when every operation has them
+        combines = [op.combine for op in ops if op.combine is not None]
+        deducts = [op.deduct for op in ops if op.deduct is not None]
+
+        def combine(a: list[Any], b: list[Any]) -> list[Any]:
+            return [f(x, y) for f, x, y in zip(combines, a, b)]
+
+        def deduct(a: list[Any], b: list[Any]) -> list[Any]:
+            return [f(x, y) for f, x, y in zip(deducts, a, b)]
 
         return AggregateOperation(
-            lambda: [op.create() for op in ops], accumulate, combine, deduct,
+            lambda: [op.create() for op in ops], accumulate,
+            combine if len(combines) == n else None, deduct if len(deducts) == n else None,
             export=lambda a: tuple(ops[i].export(a[i]) for i in range(n)),
             finish=lambda a: tuple(ops[i].finish(a[i]) for i in range(n)))

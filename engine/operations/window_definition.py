@@ -16,11 +16,11 @@ from jetwake.engine.core.errors import PipelineError
 __all__ = ["WindowDefinition", "items_by_frame"]
 
 
-def items_by_frame(pairs: Iterable[tuple[int, Any]], slide: int) -> dict[int, list]:
+def items_by_frame(pairs: Iterable[tuple[int, Any]], slide: int) -> dict[int, list[Any]]:
     """The items of ``(time, item)`` pairs by the start of their frame (frames of ``slide``,
     aligned to 0), each frame's in arrival order: a window stage accumulates a frame's items
     in one call rather than an item at a time."""
-    by_frame: dict[int, list] = {}
+    by_frame: dict[int, list[Any]] = {}
     for t, x in pairs:
         f = t - t % slide
         bucket = by_frame.get(f)

@@ -8,7 +8,7 @@ events with ``start <= timestamp < end``.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 from jetwake.engine.core import serialization
 
@@ -33,7 +33,7 @@ class WindowResult(_WindowResultFields):
 
     is_early = False
 
-    def __new__(cls, start: int, end: int, result: Any, is_early: bool = False):
+    def __new__(cls, start: int, end: int, result: Any, is_early: bool = False) -> Self:
         self = tuple.__new__(cls, (start, end, result))
         if is_early:
             self.is_early = True
@@ -45,7 +45,8 @@ class KeyedWindowResult(_KeyedWindowResultFields):
 
     is_early = False
 
-    def __new__(cls, start: int, end: int, key: Any, result: Any, is_early: bool = False):
+    def __new__(cls, start: int, end: int, key: Any, result: Any,
+                is_early: bool = False) -> Self:
         self = tuple.__new__(cls, (start, end, key, result))
         if is_early:
             self.is_early = True
@@ -53,10 +54,10 @@ class KeyedWindowResult(_KeyedWindowResultFields):
 
 
 serialization.register_type(
-    getattr(serialization, "WINDOW_RESULT_TYPE_ID", 2), WindowResult,
+    serialization.WINDOW_RESULT_TYPE_ID, WindowResult,
     lambda r: [r.start, r.end, r.result, r.is_early],
     lambda v: WindowResult(v[0], v[1], v[2], v[3]))
 serialization.register_type(
-    getattr(serialization, "KEYED_WINDOW_RESULT_TYPE_ID", 3), KeyedWindowResult,
+    serialization.KEYED_WINDOW_RESULT_TYPE_ID, KeyedWindowResult,
     lambda r: [r.start, r.end, r.key, r.result, r.is_early],
     lambda v: KeyedWindowResult(v[0], v[1], v[2], v[3], v[4]))

@@ -13,7 +13,7 @@ from jetwake.engine.core.meta_supplier import ProcessorMetaSupplier, as_meta_sup
 __all__ = ["Source", "Sink", "native_pair_timestamp"]
 
 
-def native_pair_timestamp(pair: Any) -> int:
+def native_pair_timestamp(pair: tuple[int, Any]) -> int:
     """The ``timestamp_fn`` of a source that emits ``(timestamp, item)`` pairs (Kafka's record
     timestamps, ``TestSources.item_stream``): it marks the source as one whose items are pairs,
     which ``with_native_timestamps`` turns into timestamped items and every other stage

@@ -36,7 +36,7 @@ __all__ = ["native_pair_timestamp", "unwrap", "key_on_item", "adapt_to_timestamp
 _second = itemgetter(1)
 
 
-def unwrap(values: list) -> list:
+def unwrap(values: list[Any]) -> list[Any]:
     """Timestamped values (or a source's native pairs) -> their items."""
     return list(map(_second, values))
 
@@ -82,10 +82,10 @@ def adapt_to_timestamped(kind: str, fn: Callable[[Any], Any]) -> Callable[[Any],
     return adapter(fn)
 
 
-def window_join_flattener(join_fn: Callable[[Any, Any], Any]) -> Callable[[Any], list]:
+def window_join_flattener(join_fn: Callable[[Any, Any], Any]) -> Callable[[Any], list[Any]]:
     """Turns a co-grouped ``KeyedWindowResult(start, end, key, (lefts, rights))`` into one
     result per pair ``join_fn(left, right)``."""
-    def flatten(r: Any) -> list:
+    def flatten(r: Any) -> list[Any]:
         lefts, rights = r.result
         out = []
         for a in lefts:

@@ -34,26 +34,26 @@ __all__ = ["FusedStep", "FusedChain", "stateless_function", "stateless_step",
 
 # --- the semantics, once -------------------------------------------------------------------
 
-def _map(fn: Callable[[Any], Any]) -> Callable[[list], list]:
+def _map(fn: Callable[[Any], Any]) -> Callable[[list[Any]], list[Any]]:
     # as in Jet, a map function returning None drops the item
     return lambda items: [y for y in map(fn, items) if y is not None]
 
 
-def _filter(fn: Callable[[Any], Any]) -> Callable[[list], list]:
+def _filter(fn: Callable[[Any], Any]) -> Callable[[list[Any]], list[Any]]:
     return lambda items: [x for x in items if fn(x)]
 
 
-def _flat_map(fn: Callable[[Any], Any]) -> Callable[[list], list]:
+def _flat_map(fn: Callable[[Any], Any]) -> Callable[[list[Any]], list[Any]]:
     return lambda items: [y for x in items for y in (fn(x) or ())]
 
 
-_KINDS: dict[str, Callable[[Callable[[Any], Any]], Callable[[list], list]]] = {
+_KINDS: dict[str, Callable[[Callable[[Any], Any]], Callable[[list[Any]], list[Any]]]] = {
     "map": _map, "filter": _filter, "flat_map": _flat_map,
 }
 
 
 def stateless_function(kind: str, fn: Callable[[Any], Any],
-                       timestamped: bool = False) -> Callable[[list], list]:
+                       timestamped: bool = False) -> Callable[[list[Any]], list[Any]]:
     """The function over a chunk of a stateless stage of ``kind`` with user function ``fn``;
     ``timestamped``: the chunk holds timestamped values, which keep their timestamps."""
     make = _KINDS.get(kind)
@@ -75,7 +75,7 @@ class FusedStep:
     """
     stage: str
     kind: str
-    apply: Callable[[list], list]
+    apply: Callable[[list[Any]], list[Any]]
     user_stage: bool = True
 
 
@@ -127,7 +127,7 @@ class FusedChain(EdgeTransform):
     def for_processor(self) -> "FusedChain":
         return FusedChain(self.steps, self.vertex, self.reported)
 
-    def __call__(self, items: list) -> list:
+    def __call__(self, items: list[Any]) -> list[Any]:
         counts = self.counts
         i = 0
         for apply in self._applies:

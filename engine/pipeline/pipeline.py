@@ -13,7 +13,7 @@ not later inside a running job.
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Self, TypeVar
 
 from jetwake.engine.core.dag import DAG
 from jetwake.engine.core.errors import PipelineError
@@ -105,12 +105,12 @@ class _StageBase:
     def name(self) -> str:
         return self.transform.name
 
-    def set_name(self, name: str):
+    def set_name(self, name: str) -> Self:
         """Names the stage (its vertices and its saved state are found by this name)."""
         self.pipeline._rename(self.transform, name)
         return self
 
-    def set_local_parallelism(self, n: int):
+    def set_local_parallelism(self, n: int) -> Self:
         """Processors per member for this stage; -1 for the job's default."""
         if not isinstance(n, int) or isinstance(n, bool) or (n < 1 and n != -1):
             raise ValueError(f"stage {self.name!r}: local parallelism must be a positive int "
@@ -507,7 +507,7 @@ class WindowedGroupedStage:
                              post=window_join_flattener(join_fn))
 
 
-def _aggregate2_args(args: tuple, where: str) -> tuple[Any, AggregateOperation,
+def _aggregate2_args(args: tuple[Any, ...], where: str) -> tuple[Any, AggregateOperation,
                                                         AggregateOperation]:
     if len(args) == 3 and isinstance(args[0], AggregateOperation):
         op0, other, op1 = args
@@ -544,7 +544,8 @@ def _check_window(stage: Stage, wdef: Any) -> None:
 
 
 def _window_stage(windowed: WindowedStage, stages: list[Stage], ops: list[AggregateOperation],
-                  key_fns: list | None, base_name: str, post: Any = None) -> Stage:
+                  key_fns: list[Callable[[Any], Any]] | None, base_name: str,
+                  post: Any = None) -> Stage:
     first = stages[0]
     wdef = windowed.wdef
     for s in stages[1:]:
@@ -569,7 +570,7 @@ def _window_stage(windowed: WindowedStage, stages: list[Stage], ops: list[Aggreg
     return Stage(pipeline, t, is_stream=any(s.is_stream for s in stages), timestamp_fn=None)
 
 
-def _pair_timestamp(pair: Any) -> int:
+def _pair_timestamp(pair: tuple[int, Any]) -> int:
     return pair[0]
 
 

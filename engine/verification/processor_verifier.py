@@ -43,6 +43,7 @@ from jetwake.snapshot.store.snapshot_files import SnapshotFiles, load_files, sav
 from jetwake.snapshot.store.snapshot_store import SavedFilesRef
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Outbox, Processor, ProcessorContext
 from jetwake.engine.core.serialization import SerializationError, dumps, loads
+from jetwake.engine.pipeline.connector import Sink, Source
 
 __all__ = ["verify_processor", "ProcessorVerifier", "wm"]
 
@@ -111,7 +112,7 @@ class ProcessorVerifier:
                             f"{supplier!r:.100}")
         if not (callable(supplier) or isinstance(supplier, (ProcessorSupplier,
                                                              ProcessorMetaSupplier))
-                or isinstance(getattr(supplier, "meta_supplier", None), ProcessorMetaSupplier)):
+                or isinstance(supplier, (Source, Sink))):
             raise TypeError(f"verify_processor() needs a zero-argument callable that returns a "
                             f"new Processor (a class or a lambda), a ProcessorSupplier, a "
                             f"ProcessorMetaSupplier, a Source or a Sink, got {supplier!r:.100}")
@@ -387,7 +388,7 @@ class _Run:
         """One processor per call: the user's callable, or the supplier a job would get."""
         v = self.v
         given = v._supplier
-        meta = getattr(given, "meta_supplier", given)
+        meta = given.meta_supplier if isinstance(given, (Source, Sink)) else given
         if not isinstance(meta, (ProcessorMetaSupplier, ProcessorSupplier)):
             return given
         lp, total = v._local_parallelism, v._total_parallelism

@@ -9,7 +9,7 @@ its processors are restored and end at once, so they never emit their results a 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jetwake.engine.core.errors import SnapshotError
 from jetwake.engine.core.partitioning import partition_of, processor_partition_table
@@ -46,7 +46,7 @@ def restore_state(tasklets: "list[ProcessorTasklet]", reader: "SnapshotReader",
         table = processor_partition_table(ctx.member_count, ctx.local_parallelism)
         first = ctx.member_index * ctx.local_parallelism
         for keys, values in reader.chunks(vertex):
-            routed: list[list] = [[] for _ in procs]
+            routed: list[list[Any]] = [[] for _ in procs]
             for key, value in zip(keys, values):
                 if type(key) is BroadcastKey:
                     for r in routed:
@@ -68,7 +68,7 @@ def restore_state(tasklets: "list[ProcessorTasklet]", reader: "SnapshotReader",
             raise SnapshotError(f"{t.name}: finish_snapshot_restore() never returned True")
 
 
-def _restore_one(t: "ProcessorTasklet", entries: list) -> None:
+def _restore_one(t: "ProcessorTasklet", entries: list[Any]) -> None:
     if not entries:
         return
     inbox = Inbox(entries)

@@ -52,7 +52,7 @@ class SnapshotContext:
         self._phase2: set[int] = set()
         self._ended: set[int] = set()
         # (vertex, processor) -> encoded frames of final state: (frame, count, attachments)
-        self._final: dict[tuple[str, int], list[tuple[bytes, int, list]]] = {}
+        self._final: dict[tuple[str, int], list[tuple[bytes, int, list[Any]]]] = {}
         self._completed: dict[str, set[int]] = {}  # vertex -> indices that completed
         self._cond = threading.Condition()
         self._in_progress = False

@@ -18,7 +18,7 @@ class StateSaver:
 
     def __init__(self, entries: Iterable[tuple[Any, Any]]) -> None:
         self._chunks = iter_chunks(entries, CHUNK_SIZE)
-        self._pending: list | None = None
+        self._pending: list[Any] | None = None
 
     def save(self, outbox: Outbox) -> bool:
         while True:

@@ -30,36 +30,32 @@ from jetwake.engine.core.serialization import dumps
 
 __all__ = [
     "KeyedStateBackend", "InMemoryStateBackend", "partition_prefix", "storage_key",
-    "ENTRY_OVERHEAD_BYTES", "in_memory_state_factory",
+    "ENTRY_OVERHEAD_BYTES", "in_memory_state_factory", "PARTITION_PREFIX", "wanted_partitions",
 ]
 
-_PREFIX = struct.Struct(">H")
-_COUNTS = struct.Struct(f">{PARTITION_COUNT}Q")
-# partition ids stop at 270, so no entry key starts with 0xFFFF: room for the backend's own keys
-_META_PREFIX = b"\xff\xff"
-_META_COUNT = _META_PREFIX + b"count"  # the total, as written before per-partition counts
-_META_COUNTS = _META_PREFIX + b"partition-counts"  # entries per partition, one >Q each
-_ENTRIES_END = _META_PREFIX
+PARTITION_PREFIX = struct.Struct(">H")
+"""Packs a partition id into the prefix of its stored keys, unchecked: also the end of a key
+range (``PARTITION_PREFIX.pack(PARTITION_COUNT)``); :func:`partition_prefix` checks the id."""
 
 ENTRY_OVERHEAD_BYTES = 160
 """Estimated Python memory of one cache entry beyond its key and value bytes."""
-
-_DEFAULT_CACHE_BYTES = 64 * 2**20
 
 
 def partition_prefix(partition: int) -> bytes:
     """The 2-byte big-endian prefix of every stored key of ``partition``."""
     if not isinstance(partition, int) or not 0 <= partition < PARTITION_COUNT:
         raise ValueError(f"partition must be an int in [0, {PARTITION_COUNT}), got {partition!r}")
-    return _PREFIX.pack(partition)
+    return PARTITION_PREFIX.pack(partition)
 
 
 def storage_key(key: Any) -> bytes:
     """The stored form of ``key``: its partition prefix, then its serialized bytes."""
-    return _PREFIX.pack(partition_of(key)) + dumps(key)
+    return PARTITION_PREFIX.pack(partition_of(key)) + dumps(key)
 
 
-def _wanted_partitions(partitions: Iterable[int] | None) -> list[int]:
+def wanted_partitions(partitions: Iterable[int] | None) -> list[int]:
+    """The partitions a backend's ``items(partitions)`` reads, sorted: every one for None;
+    raises ValueError for an id that is no partition."""
     if partitions is None:
         return list(range(PARTITION_COUNT))
     wanted = sorted(set(partitions))
@@ -194,7 +190,7 @@ class InMemoryStateBackend(KeyedStateBackend):
         return self._count
 
     def items(self, partitions: Iterable[int] | None = None) -> Iterator[tuple[Any, Any]]:
-        for p in _wanted_partitions(partitions):
+        for p in wanted_partitions(partitions):
             part = self._parts[p]
             for kb in sorted(part):
                 entry = part.get(kb)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 from collections import OrderedDict
 from operator import itemgetter
 from typing import Any, Iterable, Iterator, cast
@@ -22,8 +23,7 @@ from rocksdict import Checkpoint, ReadOptions, Rdict, WriteBatch, WriteOptions
 from jetwake.engine.core.partitioning import PARTITION_COUNT
 from jetwake.engine.core.serialization import dumps, loads
 from jetwake.snapshot.state.keyed_state import (
-    ENTRY_OVERHEAD_BYTES, KeyedStateBackend, _COUNTS, _DEFAULT_CACHE_BYTES, _ENTRIES_END,
-    _META_COUNT, _META_COUNTS, _PREFIX, _wanted_partitions, storage_key,
+    ENTRY_OVERHEAD_BYTES, PARTITION_PREFIX, KeyedStateBackend, storage_key, wanted_partitions,
 )
 from jetwake.snapshot.state.rocksdb_files import (
     checkpoint_meta, checkpoint_partitions, list_files, materialize, partition_runs,
@@ -32,6 +32,15 @@ from jetwake.snapshot.state.rocksdb_files import (
 from jetwake.snapshot.store.snapshot_files import SnapshotFiles
 
 __all__ = ["RocksDBStateBackend"]
+
+_COUNTS = struct.Struct(f">{PARTITION_COUNT}Q")
+# partition ids stop at 270, so no entry key starts with 0xFFFF: room for the backend's own keys
+_META_PREFIX = b"\xff\xff"
+_META_COUNT = _META_PREFIX + b"count"  # the total, as written before per-partition counts
+_META_COUNTS = _META_PREFIX + b"partition-counts"  # entries per partition, one >Q each
+_ENTRIES_END = _META_PREFIX
+
+_DEFAULT_CACHE_BYTES = 64 * 2**20
 
 
 _ABSENT = object()
@@ -246,7 +255,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         modified. Raises ValueError when two checkpoints hold the same partition, or when this
         backend already has entries.
         """
-        owned = set(_wanted_partitions(owned_partitions))
+        owned = set(wanted_partitions(owned_partitions))
         if self._count or self._dirty:
             raise ValueError(f"restore_checkpoints needs an empty backend; {self._path} has "
                              f"{self._count} entries")
@@ -281,7 +290,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         not_owned = [p for p in range(PARTITION_COUNT) if p not in owned]
         for first, end in partition_runs(not_owned):
             if any(counts[first:end]):
-                batch.delete_range(_PREFIX.pack(first), _PREFIX.pack(end))
+                batch.delete_range(PARTITION_PREFIX.pack(first), PARTITION_PREFIX.pack(end))
         for p in not_owned:
             counts[p] = 0
         batch.put(_META_COUNTS, _COUNTS.pack(*counts))
@@ -305,8 +314,8 @@ class RocksDBStateBackend(KeyedStateBackend):
             batch = WriteBatch(raw_mode=True)
             for first, end in partition_runs(parts):
                 read_opt = ReadOptions()
-                read_opt.set_iterate_upper_bound(_PREFIX.pack(end))
-                for kb, data in src.items(from_key=_PREFIX.pack(first), read_opt=read_opt):
+                read_opt.set_iterate_upper_bound(PARTITION_PREFIX.pack(end))
+                for kb, data in src.items(from_key=PARTITION_PREFIX.pack(first), read_opt=read_opt):
                     batch.put(kb, data)
                     if len(batch) >= 10_000:
                         db.write(batch)
@@ -408,9 +417,9 @@ class RocksDBStateBackend(KeyedStateBackend):
             entry.data = None
 
     def _scan(self, partitions: Iterable[int] | None, with_values: bool) -> Iterator[Any]:
-        wanted = _wanted_partitions(partitions)
+        wanted = wanted_partitions(partitions)
         db = self._open_db()
-        prefixes = {_PREFIX.pack(p) for p in wanted}
+        prefixes = {PARTITION_PREFIX.pack(p) for p in wanted}
         cached: dict[bytes, list[tuple[bytes, Any]]] = {}
         for kb, entry in self._cache.items():
             prefix = kb[:2]
@@ -422,10 +431,10 @@ class RocksDBStateBackend(KeyedStateBackend):
     def _merge(db: Rdict, wanted: list[int], cached: dict[bytes, list[tuple[bytes, Any]]],
                with_values: bool) -> Iterator[Any]:
         for p in wanted:
-            prefix = _PREFIX.pack(p)
+            prefix = PARTITION_PREFIX.pack(p)
             overlay = sorted(cached.get(prefix, ()), key=itemgetter(0))
             read_opt = ReadOptions()
-            read_opt.set_iterate_upper_bound(_PREFIX.pack(p + 1))
+            read_opt.set_iterate_upper_bound(PARTITION_PREFIX.pack(p + 1))
             disk: Iterator[tuple[Any, Any]]
             if with_values:
                 disk = db.items(from_key=prefix, read_opt=read_opt)

@@ -32,8 +32,8 @@ from rocksdict import BlockBasedOptions, Options, ReadOptions, Rdict
 
 from jetwake.engine.core.partitioning import PARTITION_COUNT
 from jetwake.engine.core.serialization import loads
-from jetwake.snapshot.state.keyed_state import _PREFIX
-from jetwake.snapshot.store.snapshot_files import SnapshotFiles, _check_name
+from jetwake.snapshot.state.keyed_state import PARTITION_PREFIX
+from jetwake.snapshot.store.snapshot_files import SnapshotFiles, checked_file_name
 
 __all__ = [
     "CHECKPOINT_FORMAT", "checkpoint_meta", "checkpoint_partitions", "materialize",
@@ -49,7 +49,7 @@ CHECKPOINT_VERSION = 1
 _IMMUTABLE_SUFFIXES = (".sst", ".blob")
 
 
-def checkpoint_meta(counts: list[int]) -> dict:
+def checkpoint_meta(counts: list[int]) -> dict[str, Any]:
     """The ``meta`` of a checkpoint's :class:`SnapshotFiles`: its format and the number of
     entries of every non-empty partition, so a restore can skip saved sets holding none of its
     partitions without opening them."""
@@ -96,7 +96,7 @@ def materialize(files: SnapshotFiles, db_dir: str) -> None:
         raise FileExistsError(f"{db_dir} exists; a checkpoint is restored into a new directory")
     os.makedirs(db_dir)
     for name in files.files:
-        _check_name(name)
+        checked_file_name(name)
         src = files.path(name)
         dst = os.path.join(db_dir, *name.split("/"))
         os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -137,8 +137,8 @@ def read_checkpoint_entries(saved: list[SnapshotFiles], partitions: Iterable[int
             try:
                 for first, end in partition_runs(present):
                     read_opt = ReadOptions()
-                    read_opt.set_iterate_upper_bound(_PREFIX.pack(end))
-                    items = db.items(from_key=_PREFIX.pack(first), read_opt=read_opt)
+                    read_opt.set_iterate_upper_bound(PARTITION_PREFIX.pack(end))
+                    items = db.items(from_key=PARTITION_PREFIX.pack(first), read_opt=read_opt)
                     for kb, data in cast(Iterator[tuple[bytes, bytes]], items):  # raw mode
                         yield loads(kb[2:]), loads(data)
             finally:

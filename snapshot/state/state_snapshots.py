@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from jetwake.engine.core.processor import BroadcastKey
+from jetwake.snapshot.state.keyed_state import KeyedStateBackend
 from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
 from jetwake.snapshot.state.rocksdb_files import read_checkpoint_entries
 from jetwake.snapshot.store.snapshot_files import SnapshotFiles
@@ -17,14 +18,13 @@ from jetwake.snapshot.store.snapshot_files import SnapshotFiles
 if TYPE_CHECKING:  # pragma: no cover
     from jetwake.engine.core.processor import ProcessorContext
 
-__all__ = ["state_snapshot_entries", "saved_state_files", "restore_keyed_state"]
+__all__ = ["KeyedState", "state_snapshot_entries", "saved_state_files", "restore_keyed_state"]
+
+#: a processor's keyed state: a backend (``ProcessorContext.keyed_state``) or a plain dict
+KeyedState = KeyedStateBackend | dict[Any, Any]
 
 
-def _uses_files(state: Any) -> bool:
-    return isinstance(state, RocksDBStateBackend) and state.snapshot_as_files
-
-
-def state_snapshot_entries(context: "ProcessorContext", name: str, state: Any
+def state_snapshot_entries(context: "ProcessorContext", name: str, state: KeyedState
                            ) -> Iterator[tuple[Any, Any]] | None:
     """The snapshot entry of the keyed state ``name`` as files, or None when it is saved entry
     by entry (a dict, the in-memory backend, or RocksDB with ``snapshot_as_files`` off).
@@ -34,7 +34,7 @@ def state_snapshot_entries(context: "ProcessorContext", name: str, state: Any
     key is a broadcast key because after a change of parallelism every processor may own some
     of the partitions in these files.
     """
-    if not _uses_files(state):
+    if not isinstance(state, RocksDBStateBackend) or not state.snapshot_as_files:
         return None
     key = BroadcastKey((context.vertex_name, context.global_processor_index, name))
     return iter(((key, state.checkpoint()),))
@@ -51,7 +51,7 @@ def saved_state_files(key: Any, value: Any, name: str) -> SnapshotFiles | None:
     return None
 
 
-def restore_keyed_state(state: Any, saved: list[SnapshotFiles],
+def restore_keyed_state(state: KeyedState, saved: list[SnapshotFiles],
                         owned_partitions: Iterable[int]) -> None:
     """Restores the ``owned_partitions`` of the saved checkpoints into ``state``: a RocksDB
     backend opens the files (:meth:`RocksDBStateBackend.restore_checkpoints`); any other state

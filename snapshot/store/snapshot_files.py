@@ -16,7 +16,8 @@ import os
 import shutil
 from typing import Any, Iterable
 
-__all__ = ["SnapshotFiles", "SnapshotFilesDamagedError", "save_files", "load_files"]
+__all__ = ["SnapshotFiles", "SnapshotFilesDamagedError", "save_files", "load_files",
+           "checked_file_name"]
 
 # link failures that mean "this file system cannot link here": fall back to copying
 _COPY_INSTEAD = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP,
@@ -27,8 +28,9 @@ class SnapshotFilesDamagedError(ValueError):
     """A saved file set does not match its manifest (a file is missing or has another size)."""
 
 
-def _check_name(name: Any) -> str:
-    """A file name relative to its directory, with "/" between path parts."""
+def checked_file_name(name: Any) -> str:
+    """``name``, when it is a file name relative to its directory ("/" between path parts)
+    that stays inside it; raises ValueError otherwise."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a snapshot file name must be a non-empty string, got {name!r}")
     parts = name.split("/")
@@ -50,19 +52,19 @@ class SnapshotFiles:
     __slots__ = ("directory", "files", "meta")
 
     def __init__(self, directory: str | os.PathLike[str], files: Iterable[str],
-                 meta: dict | None = None) -> None:
+                 meta: dict[str, Any] | None = None) -> None:
         if not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"directory must be a path, got {type(directory).__name__}")
         if isinstance(files, (str, bytes)):
             raise TypeError("files must be a collection of file names, not a single string")
-        names = tuple(_check_name(f) for f in files)
+        names = tuple(checked_file_name(f) for f in files)
         if len(set(names)) != len(names):
             raise ValueError(f"file names repeat in {names!r}")
         if meta is not None and not isinstance(meta, dict):
             raise TypeError(f"meta must be a dict or None, got {type(meta).__name__}")
         self.directory: str = os.fspath(directory)
         self.files: tuple[str, ...] = names
-        self.meta: dict = {} if meta is None else meta
+        self.meta: dict[str, Any] = {} if meta is None else meta
 
     def path(self, name: str) -> str:
         """The current path of the file ``name``."""
@@ -97,7 +99,7 @@ def _copy(src: str, dst: str) -> None:
     os.replace(tmp, dst)
 
 
-def save_files(value: SnapshotFiles, dest_dir: str | os.PathLike[str]) -> dict:
+def save_files(value: SnapshotFiles, dest_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Hard-links (copying when linking fails, e.g. EXDEV) every file into ``dest_dir``
     (created), fsyncs, and returns a msgpack-serializable manifest:
     ``{"files": [[name, size], ...], "meta": meta}``.
@@ -141,7 +143,7 @@ def save_files(value: SnapshotFiles, dest_dir: str | os.PathLike[str]) -> dict:
     return {"files": listed, "meta": value.meta}
 
 
-def load_files(manifest: dict, directory: str | os.PathLike[str]) -> SnapshotFiles:
+def load_files(manifest: dict[str, Any], directory: str | os.PathLike[str]) -> SnapshotFiles:
     """The :class:`SnapshotFiles` of a saved ``manifest`` whose files are in ``directory``;
     checks that every file exists with the recorded size, else raises
     :class:`SnapshotFilesDamagedError` naming the file."""
@@ -162,7 +164,7 @@ def load_files(manifest: dict, directory: str | os.PathLike[str]) -> SnapshotFil
                 "(expected [name, size])")
         name, size = entry
         try:
-            _check_name(name)
+            checked_file_name(name)
         except ValueError as e:
             raise SnapshotFilesDamagedError(f"the file manifest of {where}: {e}") from None
         path = os.path.join(where, *name.split("/"))

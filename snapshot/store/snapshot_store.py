@@ -84,7 +84,7 @@ class CommitRecord:
     parallelism: dict[str, int] = field(default_factory=dict)
     # in a cluster: where each member's part of the data is kept for every member to read
     # (member id -> {relative path: location}); empty for a snapshot of one member
-    data_refs: dict[str, dict[str, list]] = field(default_factory=dict)
+    data_refs: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
     def vertex_completed(self, vertex: str) -> bool:
         """Whether every processor of ``vertex`` had completed when this snapshot was taken."""
@@ -99,7 +99,7 @@ class CommitRecord:
     def size_bytes(self) -> int:
         return sum(f[2] for v in self.files.values() for f in v.values())
 
-    def merge_part(self, part: "CommitRecord", member_id: str, refs: dict[str, list]) -> None:
+    def merge_part(self, part: "CommitRecord", member_id: str, refs: dict[str, list[Any]]) -> None:
         """Adds one member's part of a cluster-wide snapshot: its files, the processors that
         had completed, the parallelism, and where its data is kept (``refs``)."""
         for vertex, procs in part.files.items():
@@ -124,7 +124,7 @@ class SavedFilesRef:
 
     __slots__ = ("path", "manifest")
 
-    def __init__(self, path: str, manifest: dict) -> None:
+    def __init__(self, path: str, manifest: dict[str, Any]) -> None:
         self.path = path
         self.manifest = manifest
 
@@ -202,7 +202,7 @@ class _Stream:
         self.count += count
 
 
-def encode_frame(keys: list, values: list) -> bytes:
+def encode_frame(keys: list[Any], values: list[Any]) -> bytes:
     """One chunk of entries as a length-prefixed frame."""
     blob = dumps([keys, values])
     return _FRAME.pack(len(blob)) + blob
@@ -364,7 +364,7 @@ class SnapshotWriter:
                 self.store.drop_staged_memory(self.record.job_id, self.record.snapshot_id)
 
 
-def _iter_frames(data: BinaryIO, fmt: int) -> Iterator[tuple[list, list]]:
+def _iter_frames(data: BinaryIO, fmt: int) -> Iterator[tuple[list[Any], list[Any]]]:
     if fmt < FORMAT_FRAMED:
         keys, values = loads(data.read())
         yield keys, values
@@ -398,7 +398,7 @@ class SnapshotReader:
         self.record = rec
         if rec.name is not None:
             self.directory = store._export_dir(rec.name) if store.root else None
-            self._mem_key: tuple = ("export", rec.name)
+            self._mem_key: tuple[str, Any] = ("export", rec.name)
         else:
             self.directory = store._snap_dir(rec.job_id, rec.snapshot_id) if store.root else None
             self._mem_key = (rec.job_id, rec.snapshot_id)
@@ -439,7 +439,7 @@ class SnapshotReader:
     def vertices(self) -> list[str]:
         return list(self.record.files)
 
-    def chunks(self, vertex: str) -> Iterator[tuple[list, list]]:
+    def chunks(self, vertex: str) -> Iterator[tuple[list[Any], list[Any]]]:
         """(keys, values) chunks of every processor of ``vertex``, in the order saved."""
         for proc, (count, _crc, _size) in self.record.files.get(vertex, {}).items():
             seen = 0
@@ -455,7 +455,7 @@ class SnapshotReader:
                 raise SnapshotDamagedError(f"{where}: {seen} entries, the commit record says "
                                            f"{count}")
 
-    def _resolve_files(self, values: list) -> list:
+    def _resolve_files(self, values: list[Any]) -> list[Any]:
         if not any(type(v) is SavedFilesRef for v in values):
             return values
         out = []
@@ -486,14 +486,19 @@ class SnapshotStore:
 
     # --- paths -----------------------------------------------------------------------------
 
+    def _disk_root(self) -> str:
+        """The root folder, for the paths below: only a store on disk has them."""
+        assert self.root is not None, "a snapshot store in memory has no files"
+        return self.root
+
     def _job_dir(self, job_id: str) -> str:
-        return os.path.join(self.root, "jobs", job_id)  # type: ignore[arg-type]
+        return os.path.join(self._disk_root(), "jobs", job_id)
 
     def _snap_dir(self, job_id: str, sid: int) -> str:
         return os.path.join(self._job_dir(job_id), "snapshots", str(sid))
 
     def _export_dir(self, name: str) -> str:
-        return os.path.join(self.root, "exports", name)  # type: ignore[arg-type]
+        return os.path.join(self._disk_root(), "exports", name)
 
     # --- writing ---------------------------------------------------------------------------
 
@@ -557,7 +562,8 @@ class SnapshotStore:
         os.makedirs(directory, exist_ok=True)
         write_atomically(os.path.join(directory, COMMIT_FILE), rec.to_json().encode())
 
-    def _get_memory(self, key: tuple):
+    def _get_memory(self, key: tuple[str, Any]
+                    ) -> tuple[CommitRecord, dict[str, dict[str, bytes]]] | None:
         with self._lock:
             return self._mem.get(key)
 
@@ -696,7 +702,7 @@ class SnapshotStore:
         is removed once exported."""
         job_id = f"written-{uuid.uuid4().hex}"
         writer = self.writer(job_id, job_name, self.next_snapshot_id(job_id), terminal=False)
-        buffers: dict[str, list] = {}
+        buffers: dict[str, list[Any]] = {}
         try:
             for vertex, key, value in entries:
                 buf = buffers.setdefault(vertex, [])
