@@ -384,3 +384,18 @@ def test_edge_with_two_output_ordinals_feeds_two_vertices():
     run(dag)
     assert [x for _, _, x in out_a] == list(range(0, 100, 2))
     assert [x for _, _, x in out_b] == list(range(1, 100, 2))
+
+
+def test_an_edge_pickled_with_its_destination_under_the_old_name_reads_back():
+    import cloudpickle  # as a job record keeps its definition
+
+    from jetwake.engine.core.dag import Vertex
+
+    a, b = Vertex("a", lambda: None), Vertex("b", lambda: None)
+    edge = Edge.between(a, b)
+    state = dict(edge.__dict__)
+    state["destination"] = state.pop("_destination")  # as an older version pickled it
+    old = Edge.__new__(Edge)
+    old.__setstate__(state)
+    again = cloudpickle.loads(cloudpickle.dumps(old))
+    assert again.destination.name == "b" and again.source.name == "a"

@@ -70,6 +70,13 @@ class Edge:
         # EdgeTransform (engine/core/edge_transform.py) gets one instance per processor
         self.transform: Callable[[list[Any]], list[Any]] | None = None
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # an edge pickled before its destination became a property (a DAG in the job record
+        # of an older version) keeps it under its old name
+        if "destination" in state:
+            state["_destination"] = state.pop("destination")
+        self.__dict__.update(state)
+
     @classmethod
     def between(cls, source: Vertex, destination: Vertex) -> "Edge":
         return cls(source, 0, destination, 0)
