@@ -3,8 +3,8 @@
 Operations that combine run in two stages, as on a member: each task accumulates its chunks
 per key and frame (``keyed.frame_partials``), and one record per shuffle partition takes the
 frames to the task that combines them and emits the windows (``keyed.frame_windows``, by
-the member's combining rule); the others, and sessions, take a pass per key in arrival order. With a hand-off the windows still
-open at the hand-off watermark go to the snapshot.
+the member's combining rule); the others, and sessions, take a pass per key in arrival order.
+With a hand-off the windows still open at the hand-off watermark go to the snapshot.
 """
 
 from __future__ import annotations
