@@ -82,6 +82,45 @@ def test_grouped_and_keyless_aggregations_match_the_member(spark_runner, xs):
     same_output(spark_runner, build, ["sums", "count", "no-combine", "max"])
 
 
+class _Arrivals(AggregateOperation):
+    """An operation without combine whose result is the items in the order they arrived and
+    the size of each chunk it was given, to show the calls it got."""
+
+    def __init__(self):
+        super().__init__(lambda: [], lambda a, e: a + [e[1]], finish=tuple)
+
+    def accumulate_grouped(self, table, keys, items):
+        for k, e in zip(keys, items):
+            table[k] = table.get(k, []) + [e[1]]
+
+    def accumulate_all(self, acc, items):
+        return acc + [("chunk", len(items))] + [e[1] for e in items]
+
+
+@pytest.mark.parametrize("n", [0, 1, 9_000])
+def test_an_aggregation_without_combine_takes_the_member_s_calls_in_arrival_order(
+        spark_runner, n):
+    # keyed and keyless, of no items too: the member's one-stage step, a chunk at a time
+    xs = [(i % 3, (i * 7) % 11, i) for i in range(n)]
+
+    def build(p):
+        s = p.read_from(Sources.items(xs))
+        s.group_by(_key).aggregate(_Arrivals()).write_to(Sinks.list("keyed"))
+        s.aggregate(_Arrivals()).write_to(Sinks.list("keyless"))
+    on_spark, _ = run_on_spark(spark_runner, build, ["keyed", "keyless"])
+    on_member = run_on_member(build, ["keyed", "keyless"])
+    assert canonical(on_spark["keyed"]) == canonical(on_member["keyed"])
+    assert dict(on_spark["keyed"]) == {k: tuple(v for kk, v, _ in xs if kk == k)
+                                       for k in {k for k, _, _ in xs}}
+    # where the chunks fall depends on how the member's inbox filled: the items and their
+    # order do not
+    (keyless,), (member_keyless,) = on_spark["keyless"], on_member["keyless"]
+    assert [v for v in keyless if type(v) is int] == [v for _, v, _ in xs] \
+        == [v for v in member_keyless if type(v) is int]
+    chunks = [c[1] for c in keyless if type(c) is tuple]
+    assert sum(chunks) == n and len(chunks) == -(-n // 4096)
+
+
 @SETTINGS
 @given(xs=events)
 def test_distinct_sort_merge_and_hash_join_match_the_member(spark_runner, xs):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 
+import pytest
+
 from jetwake import (
-    AggregateOperations as ops, KeyedWindowResult, Member, Pipeline, Sinks, Sources, TestSources,
-    WindowDefinition, WindowResult,
+    AggregateOperations as ops, KeyedWindowResult, Member, Pipeline, PipelineError, Sinks,
+    Sources, TestSources, WindowDefinition, WindowResult,
 )
 from support.waiting import wait_until
 from support.window_reference import make_events
@@ -64,6 +66,21 @@ def test_aggregate2_accepts_jet_argument_order_and_keyless_windows():
                 ref[(end - 200, end)][side] += 1
     assert all(type(r) is WindowResult for r in out)
     assert sorted(tuple(r) for r in out) == sorted(k + (tuple(v),) for k, v in ref.items())
+
+
+def test_co_aggregating_session_windows_is_refused_when_the_pipeline_is_built():
+    # refused once, by the pipeline: neither a member's planner nor the Spark backfill meets it
+    p = Pipeline()
+    a, b = two_streams(p, [(0, "k", 1)], [(0, "k", 1)])
+    keyed = a.window(WindowDefinition.session(50)).group_by(lambda e: e[1])
+    with pytest.raises(PipelineError, match="co-aggregation of session windows is not "
+                                            "supported; use sliding or tumbling windows"):
+        keyed.aggregate2(b.group_by(lambda e: e[1]), ops.counting(), ops.counting())
+    with pytest.raises(PipelineError, match="co-aggregation of session windows"):
+        a.window(WindowDefinition.session(50)).aggregate2(b, ops.counting(), ops.counting())
+    with pytest.raises(PipelineError, match="co-aggregation of session windows"):
+        keyed.join(b.group_by(lambda e: e[1]), lambda x, y: (x, y))
+    assert [t.kind for t in p.transforms].count("window-aggregate") == 0
 
 
 def test_window_join_pairs_items_of_the_same_key_and_window():

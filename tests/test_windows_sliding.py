@@ -225,3 +225,39 @@ def test_a_frame_accumulator_whose_input_falls_idle_sends_its_partial_frames_fir
     assert acc.outbox.drain(0) == [(None, 0, 1), Watermark(100)]
     assert acc.try_process_watermark(IDLE_MESSAGE)
     assert acc.outbox.drain(0) == [(None, 100, 2), IDLE_MESSAGE]
+
+
+@pytest.mark.parametrize("op", [ops.counting(), AggregateOperation(
+    lambda: 0, lambda a, x: a + 1, combine=lambda a, b: a + b)], ids=["deduct", "no-deduct"])
+def test_the_combining_rule_closes_the_windows_the_watermark_passed_from_any_partials(op):
+    # FrameWindows is the combining processor's state and the backfill's second stage: frames
+    # as partials of several tasks, in any order, give each window once, when a watermark
+    # passes its end, and it keeps the frames only of the windows still open (with deduct,
+    # also the frame that leaves the next window)
+    from jetwake.engine.processors.sliding_window import FrameWindows
+    size, slide = 30, 10
+    frames = FrameWindows(op, size, slide, keyed=True)
+    partials = [("a", 0, 1), ("b", 10, 2), ("a", 20, 3), ("a", 0, 4), ("a", 50, 5),
+                ("b", 10, 6)]
+    assert frames.add(partials[3:]) == 0 and frames.add(partials[:3]) == 0
+    by_frame = {("a", 0): 5, ("b", 10): 8, ("a", 20): 3, ("a", 50): 5}
+
+    def expected(ends):
+        return sorted(KeyedWindowResult(e - size, e, k, sum(n for (kk, f), n in by_frame.items()
+                                                         if kk == k and e - size <= f < e))
+                      for e in ends for k in "ab"
+                      if any(kk == k and e - size <= f < e for kk, f in by_frame))
+
+    first = [r for rs in frames.windows_upto(30) for r in rs]
+    assert sorted(first) == expected([10, 20, 30])
+    assert frames.next_end == 40
+    assert min(frames.frames) == (0 if op.can_deduct else 10)  # the windows from 40 on
+    # a frame the watermark has passed is late (after a restore, or an idle input woke up)
+    assert frames.add([("a", 30, 1)], min_ts=30) == 0
+    assert frames.add([("b", 20, 1)], min_ts=30) == 1
+    by_frame[("a", 30)] = 1
+    rest = [r for rs in frames.every_window() for r in rs]
+    assert sorted(rest) == expected(range(40, 90, 10))
+    # no window is open: only the frame the next window would deduct may be left
+    left = set(frames.frames)
+    assert left <= ({frames.next_end - size - slide} if op.can_deduct else set())

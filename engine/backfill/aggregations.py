@@ -4,13 +4,16 @@
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Iterator
 
 from jetwake.engine.pipeline.transforms import (
     AggregateTransform, DistinctTransform, HashJoinTransform, SortTransform,
 )
+from jetwake.engine.core.functions import is_identity
+from jetwake.engine.processors.aggregation import NO_ACC, accumulate_chunk
 from jetwake.engine.processors.distinct import DistinctEntries
-from jetwake.engine.backfill.chunks import chunked
+from jetwake.engine.backfill.chunks import CHUNK, chunked
 from jetwake.engine.backfill.stage_output import StageOut
 
 if TYPE_CHECKING:
@@ -23,7 +26,8 @@ _MISSING = object()
 
 def aggregate(backfill: Translator, t: AggregateTransform) -> StageOut:
     """``aggregate``: partial accumulators per task combined by key, or (no combine) a pass
-    per key in arrival order; keyless, one result even of no items."""
+    per key in arrival order by the member's one-stage step (``accumulate_chunk``); keyless,
+    one result even of no items."""
     up = backfill.outs[id(t.upstream[0])]
     op, key_fn = t.op, t.key_fn
     create, combine, finish = op.create, op.combine, op.finish
@@ -65,18 +69,25 @@ def aggregate(backfill: Translator, t: AggregateTransform) -> StageOut:
             return combine(a, b)
         res = pairs.combineByKey(first, add, merge, 1)
         return StageOut(res.map(lambda ka: [finish(ka[1])]))
-    # no combine: every item of a key in one task, in order
-    accumulate = op.accumulate
+    # no combine: every item of a key in one task, in order, accumulated a chunk at a time as
+    # the member's one-stage processor does
     rows = backfill.by_key_sorted(up, key_fn)
+    identity_key = key_fn is not None and is_identity(key_fn)
 
     def agg(it: Iterator) -> Iterator:
-        accs: dict = {}
-        for _, e in it:
-            x = e[2] if timed else e
-            k = key_fn(x) if key_fn is not None else None
-            accs[k] = accumulate(accs[k] if k in accs else create(), x)
-        for k, a in accs.items():
-            yield (k, finish(a)) if key_fn is not None else finish(a)
+        table: dict = {}
+        acc = NO_ACC
+        while True:
+            items = [e[2] if timed else e for _, e in islice(it, CHUNK)]
+            if not items:
+                break
+            acc = accumulate_chunk(op, key_fn, items, table, acc, identity_key)
+        if key_fn is None:
+            if acc is not NO_ACC:
+                yield finish(acc)
+            return
+        for k, a in table.items():
+            yield k, finish(a)
     res = rows.mapPartitions(agg)
     if key_fn is None:
         marker = _EmptyMarker()

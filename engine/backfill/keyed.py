@@ -8,9 +8,12 @@ codecs (``RollingEntries``, ``MapStatefulEntries``, ``WindowEntries``), so their
 reads them unchanged (the hand-off tests check it against a real snapshot).
 
 The per-key steps are the processors' own: ``roll`` (rolling aggregates), ``KeyedStates``
-(``map_stateful``: a key's state, its ttl and its eviction, ``step`` and ``expire``), ``add_to_sessions`` (session
-merge) and ``accumulate_frames`` (the windows' frame accumulation); what is here is how a
-Spark partition's rows reach them, in order, with the watermark each would have met.
+(``map_stateful``: a key's state, its ttl and its eviction, ``step`` and ``expire``),
+``add_to_sessions`` and ``close_sessions`` (sessions merged and closed), ``accumulate_frames``
+and ``FrameWindows`` (frames accumulated, then combined into windows), ``accumulate_windows``
+and ``close_windows`` (windows of operations without combine); what is here is how a Spark
+partition's rows reach them, in order, with the watermark each would have met (at the end of
+a bounded run, ``END_OF_TIME``).
 
 An element is the item or, when ``timed``, ``(ts, wm, item)``: ``ts`` its event time, ``wm``
 the watermark the streaming job would have had just before the item (None when it cannot be
@@ -20,28 +23,27 @@ shape of its input's.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from itertools import islice
 from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator
 
 from jetwake.engine.operations.aggregate import AggregateOperation
-from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
 from jetwake.engine.processors.event_time_base import call_with_arity
 from jetwake.engine.processors.map_stateful import (
     END_OF_TIME, NOT_EXPIRED, KeyedStates, MapStatefulEntries,
 )
 from jetwake.engine.processors.rolling_aggregate import RollingEntries, roll
 from jetwake.engine.backfill.chunks import CHUNK
-from jetwake.engine.processors.session_window import add_to_sessions
-from jetwake.engine.processors.sliding_window import accumulate_frames, accumulate_windows
+from jetwake.engine.processors.session_window import add_to_sessions, close_sessions
+from jetwake.engine.processors.sliding_window import (
+    FrameWindows, accumulate_frames, accumulate_windows, close_windows,
+)
 from jetwake.engine.processors.window_entries import WindowEntries
 
 __all__ = ["rolling", "map_stateful", "frame_windows", "sessions", "sliding_no_combine",
            "NO_CUT"]
 
 NO_CUT = None  # a bounded run: every window closes, as at the end of a batch job
-_MISSING = object()
 _TS, _WM, _ITEM = itemgetter(0), itemgetter(1), itemgetter(2)
 
 Row = tuple  # ((partition id, order...), element)
@@ -160,71 +162,44 @@ def map_stateful(rows: Iterable[Row], create_fn: Callable, map_fn: Callable,
 _NO_WM = -(2 ** 63)  # watermark_policy.NO_WATERMARK
 
 
-def frame_windows(key: Any, frames: dict, op: AggregateOperation, size: int, slide: int,
-                  keyed: bool, cut: int | None, vertex: str, n_inputs: int,
+def frame_windows(records: Iterable[tuple], ops: list, op: AggregateOperation, size: int,
+                  slide: int, keyed: bool, cut: int | None, vertex: str,
                   export_state: bool) -> Iterator[tuple]:
-    """The windows of one key from its per-frame accumulators ``{frame start: acc}`` (sliding
-    and tumbling windows of operations that combine, the two-stage plan).
+    """The second stage of sliding and tumbling windows (operations that combine), over one
+    Spark partition of ``(partition, [(input index, frame, {key: acc})])`` (``op`` is
+    ``ops[0]``, or with several inputs their ``composite_operation``): the tasks' partial
+    frames combined and the windows ending at or before ``cut`` (a frame boundary; None: every
+    window) emitted by the member's combining rule (``FrameWindows``).
 
-    Windows ending at or before ``cut`` (a frame boundary) are emitted; the frames of windows
-    still open go to the state, as the streaming job holds them: frames the watermark passed
-    in the combining vertex ``vertex``, later ones in ``vertex-accumulate``. As in the
-    member's combining processor, an operation that can deduct slides its accumulator (the
-    entering frame combined, the leaving one deducted, a result exported) instead of combining
-    every frame of every window."""
-    starts = sorted(frames)
-    create, combine, deduct, finish = op.create, op.combine, op.deduct, op.finish
-    new = tuple.__new__
-    sliding = op.can_deduct
-    acc: Any = _MISSING
-    last_end = None
-    export = op.export
-    n = len(starts)
-    # the windows holding at least one of the key's frames, in order: the one ending a
-    # slide after the first frame, up to the one ending a window after the last
-    e = starts[0] + slide if starts else 0
-    limit = starts[-1] + size if starts else -1
-    if cut is not None and cut < limit:
-        limit = cut
-    while e <= limit:
-        lo = bisect_left(starts, e - size)
-        if lo == n:
-            break
-        if starts[lo] >= e:  # no frame in this window: on to the next frame's first
-            e = starts[lo] + slide
-            continue
-        if sliding and acc is not _MISSING and e == last_end + slide:  # type: ignore[operator]
-            # as the member's combining processor: the entering frame in, the leaving out
-            entering = frames.get(e - slide, _MISSING)
-            if entering is not _MISSING:
-                acc = combine(acc, entering)  # type: ignore[misc]
-            leaving = frames.get(e - size - slide, _MISSING)
-            if leaving is not _MISSING:
-                acc = deduct(acc, leaving)  # type: ignore[misc]
-        else:
-            acc = create()
-            for f in starts[lo:bisect_left(starts, e, lo)]:
-                acc = combine(acc, frames[f])  # type: ignore[misc]
-            if sliding:
-                # the accumulator changes in place as it slides: results must not
-                export = op.detached_export(acc)
-        last_end = e
-        r = export(acc) if sliding else finish(acc)
-        yield "o", new(KeyedWindowResult, (e - size, e, key, r)) if keyed else \
-            new(WindowResult, (e - size, e, r))
-        e += slide
+    The frames of windows still open go to the state, as the streaming job holds them: frames
+    the watermark passed in the combining vertex ``vertex``, later ones in
+    ``vertex-accumulate``."""
+    n = len(ops)
+    frames = FrameWindows(op, size, slide, keyed)
+    for _, parts in records:
+        for i, f, table in parts:
+            if n == 1:
+                frames.add([(k, f, a) for k, a in table.items()])
+            else:
+                # as the member's accumulating processor sends a frame: one accumulator per
+                # input, new ones for the inputs without the key
+                frames.add([(k, f, [a if j == i else o.create() for j, o in enumerate(ops)])
+                            for k, a in table.items()])
+    for results in (frames.every_window() if cut is None else frames.windows_upto(cut)):
+        for r in results:
+            yield "o", r
     if export_state and cut is not None:
-        keep_from = cut + slide - size - (slide if op.can_deduct else 0)
-        for f, a in frames.items():
-            if f >= cut:
-                if n_inputs == 1:
-                    yield "s", (f"{vertex}-accumulate", *WindowEntries.frame_partial(key, f, 0, a))
+        for f, t in frames.frames.items():
+            for key, a in t.items():
+                if f < cut:
+                    yield "s", (vertex, *WindowEntries.frame(key, f, a))
+                elif n == 1:
+                    yield "s", (f"{vertex}-accumulate",
+                                *WindowEntries.frame_partial(key, f, 0, a))
                 else:
-                    for i in range(n_inputs):
+                    for i in range(n):
                         yield "s", (f"{vertex}-accumulate",
                                     *WindowEntries.frame_partial(key, f, i, a[i]))
-            elif f >= keep_from:
-                yield "s", (vertex, *WindowEntries.frame(key, f, a))
 
 
 def window_watermark_entries(vertex: str, cut: int, slide: int, two_stage: bool,
@@ -241,37 +216,35 @@ def sessions(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | Non
              cut: int | None, vertex: str, export_state: bool) -> Iterator[tuple]:
     """Session windows of each key, its events applied in arrival order as the member's
     processor applies them (``add_to_sessions``): events less than ``gap`` apart form one
-    session ``[first event, last event + gap)``, emitted when it ends at or before ``cut``
-    (late events were dropped before, so no event reaches a session the watermark closed)."""
+    session ``[first event, last event + gap)``, closed by the member's rule
+    (``close_sessions``) when it ends at or before ``cut`` (None: every session; late events
+    were dropped before, so no event reaches a session the watermark closed)."""
     create, accumulate, combine, finish = op.create, op.accumulate, op.combine, op.finish
     keyed = key_fn is not None
     by_key: dict = {}  # key -> its sessions, disjoint, sorted by start: [start, end, acc]
-
-    def result(k: Any, s: list) -> tuple:
-        r = finish(s[2])
-        return "o", KeyedWindowResult(s[0], s[1], k, r) if keyed else \
-            WindowResult(s[0], s[1], r)
-
+    out: list = []
     for _, (t, w, x) in rows:
         k = key_fn(x) if key_fn is not None else None
         ss = by_key.get(k)
         if ss is None:
             by_key[k] = [[t, t + gap, accumulate(create(), x)]]
             continue
-        if add_to_sessions(ss, t, t + gap, x, create, accumulate, combine):
+        if add_to_sessions(ss, t, t + gap, x, create, accumulate, combine) and w is not None:
             # the sessions the watermark has closed: no later event reaches them (a later one
-            # below the watermark was dropped as late), so a key keeps few sessions at a time
-            while w is not None and ss[0][1] <= w and (cut is None or ss[0][1] <= cut):
-                yield result(k, ss.pop(0))
+            # below the watermark was dropped as late), so a key keeps few sessions at a time;
+            # the new one ends after the watermark (its event is not late), so ``ss`` keeps it
+            close_sessions(ss, k, w if cut is None else min(w, cut), finish, keyed, out)
+            if out:
+                for r in out:
+                    yield "o", r
+                out.clear()
     for k, ss in by_key.items():
-        open_sessions = []
-        for s in ss:
-            if cut is not None and s[1] > cut:
-                open_sessions.append(s)
-                continue
-            yield result(k, s)
-        if export_state and open_sessions:
-            yield "s", (vertex, *WindowEntries.sessions(k, open_sessions))
+        close_sessions(ss, k, END_OF_TIME if cut is None else cut, finish, keyed, out)
+        for r in out:
+            yield "o", r
+        out.clear()
+        if export_state and ss:
+            yield "s", (vertex, *WindowEntries.sessions(k, ss))
 
 
 def sliding_no_combine(rows: Iterable[Row], op: AggregateOperation, key_fn: Callable | None,
@@ -279,9 +252,8 @@ def sliding_no_combine(rows: Iterable[Row], op: AggregateOperation, key_fn: Call
                        export_state: bool) -> Iterator[tuple]:
     """Sliding windows of an operation without ``combine``: each event is accumulated into
     every window holding it (the one-stage plan, the processor's ``accumulate_windows``), a
-    chunk of rows at a time."""
-    finish = op.finish
-    keyed = key_fn is not None
+    chunk of rows at a time, and the windows ending at or before ``cut`` (None: every window)
+    closed by the processor's ``close_windows``; the others go to the state."""
     windows: dict = {}  # window end -> key -> acc
     rows = iter(rows)
     while True:
@@ -289,17 +261,14 @@ def sliding_no_combine(rows: Iterable[Row], op: AggregateOperation, key_fn: Call
         if not events:
             break
         accumulate_windows(windows, events, key_fn, slide, size, op.accumulate_grouped)
-    for e in sorted(windows):
-        table = windows[e]
-        if cut is not None and e > cut:
-            if export_state:
-                for k, acc in table.items():
-                    yield "s", (vertex, *WindowEntries.window(k, e, acc))
-            continue
-        for k, acc in table.items():
-            r = finish(acc)
-            yield "o", KeyedWindowResult(e - size, e, k, r) if keyed else \
-                WindowResult(e - size, e, r)
+    for results in close_windows(windows, END_OF_TIME if cut is None else cut, op, size,
+                                 key_fn is not None):
+        for r in results:
+            yield "o", r
+    if export_state:
+        for e in sorted(windows):
+            for k, acc in windows[e].items():
+                yield "s", (vertex, *WindowEntries.window(k, e, acc))
 
 
 def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callable | None,
@@ -375,33 +344,3 @@ def frame_partials(chunks: Iterable[Any], op: AggregateOperation, key_fn: Callab
             if part:
                 out.append((input_index, f, part))
         yield p, out
-
-
-def merge_frames(records: Iterable[tuple], ops: list, combine: Callable) -> dict:
-    """The second stage's input, one Spark partition of ``(partition, [(input index, frame,
-    {key: acc})])``: every key's accumulator per frame ``{key: {frame: acc}}`` (with several
-    inputs ``{key: {frame: [acc of each input]}}``), the partial ones of the tasks combined."""
-    n = len(ops)
-    keys: dict = {}
-    get_key = keys.get
-    for _, parts in records:
-        for i, f, table in parts:
-            if n > 1:
-                op_combine = ops[i].combine
-                for k, part in table.items():
-                    frames = get_key(k)
-                    if frames is None:
-                        frames = keys[k] = {}
-                    accs = frames.get(f)
-                    if accs is None:
-                        accs = frames[f] = [o.create() for o in ops]
-                    accs[i] = op_combine(accs[i], part)
-                continue
-            for k, a in table.items():
-                frames = get_key(k)
-                if frames is None:
-                    keys[k] = {f: a}
-                    continue
-                mine = frames.get(f, _MISSING)
-                frames[f] = a if mine is _MISSING else combine(mine, a)
-    return keys

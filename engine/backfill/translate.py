@@ -28,7 +28,6 @@ from jetwake.engine.pipeline.spark_form import NotOnSpark
 from jetwake.engine.pipeline.transforms import (
     MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
     SideSinkTransform, SinkTransform, SourceTransform, StatelessTransform, Transform,
-    WindowAggregateTransform,
 )
 from jetwake.engine.processors.map_stateful import MapStatefulEntries
 from jetwake.engine.backfill import aggregations, event_time, keyed, windows
@@ -55,9 +54,6 @@ def check_pipeline(pipeline: Pipeline, member: Any) -> None:
             raise PipelineError(f"stage {t.name!r} is {form.reason}")
         if isinstance(t, (SourceTransform, SinkTransform)):
             _check_connector(t, member)
-        if isinstance(t, WindowAggregateTransform) and t.wdef.is_session and len(t.ops) != 1:
-            raise PipelineError(f"stage {t.name!r}: co-aggregation of session windows is not "
-                                "supported; use sliding or tumbling windows")
 
 
 def _check_connector(t: SourceTransform | SinkTransform, member: Any) -> None:

@@ -2,9 +2,9 @@
 
 Operations that combine run in two stages, as on a member: each task accumulates its chunks
 per key and frame (``keyed.frame_partials``), and one record per shuffle partition takes the
-frames to the task that combines them and emits the windows (``keyed.frame_windows``); the
-others, and sessions, take a pass per key in arrival order. With a hand-off the windows still
-open at the hand-off watermark go to the snapshot.
+frames to the task that combines them and emits the windows (``keyed.frame_windows``, by
+the member's combining rule); the others, and sessions, take a pass per key in arrival order.
+With a hand-off the windows still open at the hand-off watermark go to the snapshot.
 """
 
 from __future__ import annotations
@@ -64,8 +64,7 @@ def window_aggregate(backfill: Translator, t: WindowAggregateTransform) -> Stage
                  for up in ups]
         backfill.side[id(t)] = lates[0] if len(lates) == 1 else backfill.sc.union(lates)
     keyed_stage = key_fns is not None
-    two_stage = not session and all(op.can_combine for op in ops) \
-        and (not wdef.early_results_period or len(ops) > 1)
+    two_stage = t.two_stage
     if two_stage:
         # each task accumulates its events per (key, frame), a chunk per call; the partial
         # accumulators go by key to the task that combines them and emits the key's windows
@@ -89,13 +88,10 @@ def window_aggregate(backfill: Translator, t: WindowAggregateTransform) -> Stage
                     it, ops[i], kf, slide, i, n, late, columnar, shuffled,
                     portable_hash, judge_late)))
         pairs = parts[0] if n == 1 else backfill.sc.union(parts)
-        combine = op.combine
-        assert combine is not None  # two_stage: every op can combine
 
         def windows(it: Iterator) -> Iterator:
-            for k, frames in keyed.merge_frames(it, ops, combine).items():
-                yield from keyed.frame_windows(k, frames, op, size, slide,
-                                               keyed_stage, cut, name, n, export)
+            return keyed.frame_windows(it, ops, op, size, slide, keyed_stage, cut, name,
+                                       export)
         # the records are already one per partition of the shuffle, numbered
         tagged = pairs.partitionBy(shuffled, _own_number).mapPartitions(windows)
     else:

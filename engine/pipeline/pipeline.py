@@ -557,6 +557,11 @@ def _window_stage(windowed: WindowedStage, stages: list[Stage], ops: list[Aggreg
     if len(stages) > 1 and not all(op.can_combine for op in ops):
         raise PipelineError(f"{base_name}() after stage {first.name!r}: co-aggregation needs "
                             "operations that can combine")
+    if len(stages) > 1 and wdef.is_session:
+        # refused here, once, so that no runtime (a member's planner, the Spark backfill)
+        # meets a stage it cannot run
+        raise PipelineError(f"{base_name}() after stage {first.name!r}: co-aggregation of "
+                            "session windows is not supported; use sliding or tumbling windows")
     if wdef.is_session and not all(op.can_combine for op in ops):
         raise PipelineError(
             f"{base_name}() after stage {first.name!r}: session windows merge sessions, which "

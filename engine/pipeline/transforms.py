@@ -446,14 +446,25 @@ class WindowAggregateTransform(Transform):
         self.post = post        # a flat-map over the window results (the windowed join)
         self.side_sink: Sink | None = None  # late events
 
+    @property
+    def two_stage(self) -> bool:
+        """Whether the windows run in two stages: frames accumulated where the events are,
+        then combined by key into windows (sliding and tumbling windows of operations that
+        combine); otherwise one stage after the shuffle (sessions, operations without combine,
+        early results of one operation, which need the open frames in one place, as in Jet).
+        A member's planner and the Spark backfill both plan by this. A session window has one
+        input: the pipeline refuses to co-aggregate sessions when it is built."""
+        wdef, ops = self.wdef, self.ops
+        return not wdef.is_session and all(op.can_combine for op in ops) \
+            and (not wdef.early_results_period or len(ops) > 1)
+
     def add_to_spark(self, backfill: Translator) -> StageOut | None:
         return backfill.window_aggregate(self)
 
     def add_to_dag(self, planner: Planner) -> None:
-        """Sliding and tumbling windows of operations that combine: a frame-accumulate
-        vertex per upstream processor and a combine vertex after a partitioned edge (early
-        results of one operation need the open frames in one place: they run in one stage, as
-        in Jet); otherwise one vertex after the partitioned edge."""
+        """In two stages (:attr:`two_stage`): a frame-accumulate vertex per upstream processor
+        and a combine vertex after a partitioned edge; otherwise one vertex after the
+        partitioned edge."""
         for up in self.upstream:
             if planner.output(up).form is not _TIMESTAMPED:
                 raise PipelineError(f"stage {self.name!r}: its input {up.name!r} has no "
@@ -463,8 +474,7 @@ class WindowAggregateTransform(Transform):
         side = self.side_sink is not None
         chain = (internal_step(name, "window join", self.post),) if self.post is not None \
             else ()
-        if not wdef.is_session and all(op.can_combine for op in ops) \
-                and (not wdef.early_results_period or len(ops) > 1):
+        if self.two_stage:
             kfs = list(key_fns) if key_fns is not None else [None] * len(ops)
             acc = planner.vertex(f"{name}-accumulate", lambda: FrameAccumulateProcessor(
                 name, wdef, ops, kfs, side), self)
@@ -481,10 +491,7 @@ class WindowAggregateTransform(Transform):
                 planner.edge(acc, comb, (), lambda e: e.distributed().all_to_one())
             planner.set_output(self, Output(comb, chain))
             return
-        if len(ops) != 1:
-            raise PipelineError(f"stage {name!r}: co-aggregation of session windows is not "
-                                "supported; use sliding or tumbling windows")
-        op = ops[0]
+        op, = ops  # one input: the pipeline co-aggregates in two stages only
         key_fn = key_fns[0] if key_fns is not None else None
         cls = SessionWindowProcessor if wdef.is_session else SlidingWindowProcessor
         v = planner.vertex(name, lambda: cls(name, wdef, op, key_fn, side), self,

@@ -18,9 +18,36 @@ from jetwake.engine.core.partitioning import all_to_one_target
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 from jetwake.snapshot.protocol.state_saver import StateSaver
 
-__all__ = ["AccumulateProcessor", "CombineProcessor", "AggregateProcessor"]
+__all__ = ["AccumulateProcessor", "CombineProcessor", "AggregateProcessor", "NO_ACC",
+           "accumulate_chunk"]
 
-_NO_ACC = object()
+class _NoAccumulator:
+    """A keyless aggregation's accumulator before its first item."""
+
+    def __reduce__(self) -> str:
+        # pickled by name, so that it stays the one object in a Spark worker too (a function
+        # the backfill ships by value would otherwise carry a copy that is not NO_ACC)
+        return "NO_ACC"
+
+    def __repr__(self) -> str:
+        return "NO_ACC"
+
+
+NO_ACC = _NoAccumulator()
+
+
+def accumulate_chunk(op: AggregateOperation, key_fn: Callable[[Any], Any] | None, items: list,
+                     table: dict, acc: Any = NO_ACC, identity_key: bool = False) -> Any:
+    """Accumulates a chunk of items in their order: keyed, into ``table`` (key -> acc, one
+    ``accumulate_grouped`` call; ``identity_key``: the items are their own keys); keyless,
+    into ``acc`` (``NO_ACC`` before the first item, one ``accumulate_all`` call). Returns the
+    keyless accumulator (``acc`` unchanged when keyed). The accumulating processors and the
+    Spark backfill's aggregation of an operation without combine both accumulate with this,
+    so the operation sees the same calls in the same order."""
+    if key_fn is None:
+        return op.accumulate_all(op.create() if acc is NO_ACC else acc, items)
+    op.accumulate_grouped(table, items if identity_key else map(key_fn, items), items)
+    return acc
 
 
 class _SavesAccumulators(Processor):
@@ -50,7 +77,7 @@ class _SavesAccumulators(Processor):
                 entries: Any = list(self.table.items())
             else:
                 # a key unique to this processor, so exactly one processor restores it
-                entries = [] if self.acc is _NO_ACC else [
+                entries = [] if self.acc is NO_ACC else [
                     (("keyless-acc", self.context.vertex_name,
                       self.context.global_processor_index), self.acc)]
             self._saver = StateSaver(entries)
@@ -82,10 +109,10 @@ class _SavesAccumulators(Processor):
             if self._restored_marker(key):
                 continue
             if self.keyed:
-                mine = self.table.get(key, _NO_ACC)
-                self.table[key] = acc if mine is _NO_ACC else combine(mine, acc)
+                mine = self.table.get(key, NO_ACC)
+                self.table[key] = acc if mine is NO_ACC else combine(mine, acc)
             else:
-                self.acc = acc if self.acc is _NO_ACC else combine(self.acc, acc)
+                self.acc = acc if self.acc is NO_ACC else combine(self.acc, acc)
 
 
 class AccumulateProcessor(_SavesAccumulators):
@@ -97,22 +124,16 @@ class AccumulateProcessor(_SavesAccumulators):
         self.keyed = key_fn is not None
         self._identity_key = key_fn is not None and is_identity(key_fn)
         self.table: dict = {}
-        self.acc: Any = _NO_ACC
+        self.acc: Any = NO_ACC
         self._emitter: ChunkEmitter | None = None
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
-        items = inbox.drain()
-        if self.key_fn is None:
-            if self.acc is _NO_ACC:
-                self.acc = self.op.create()
-            self.acc = self.op.accumulate_all(self.acc, items)
-        else:
-            keys = items if self._identity_key else map(self.key_fn, items)
-            self.op.accumulate_grouped(self.table, keys, items)
+        self.acc = accumulate_chunk(self.op, self.key_fn, inbox.drain(), self.table, self.acc,
+                                    self._identity_key)
 
     def complete(self) -> bool:
         if self.key_fn is None:
-            return self._emit_result(lambda: [] if self.acc is _NO_ACC else [self.acc])
+            return self._emit_result(lambda: [] if self.acc is NO_ACC else [self.acc])
         return self._emit_result(self.table.items)
 
 
@@ -123,7 +144,7 @@ class CombineProcessor(_SavesAccumulators):
         self.op = op
         self.keyed = keyed
         self.table: dict = {}
-        self.acc: Any = _NO_ACC
+        self.acc: Any = NO_ACC
         self._emitter: ChunkEmitter | None = None
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
@@ -133,7 +154,7 @@ class CombineProcessor(_SavesAccumulators):
             return
         combine = self.op.combine
         for acc in items:
-            self.acc = acc if self.acc is _NO_ACC else combine(self.acc, acc)  # type: ignore[misc]
+            self.acc = acc if self.acc is NO_ACC else combine(self.acc, acc)  # type: ignore[misc]
 
     def complete(self) -> bool:
         def output() -> Any:
@@ -174,7 +195,7 @@ def _keyless_result(context: ProcessorContext, op: AggregateOperation, acc: Any)
     keyless aggregation of no items still has a result (that of ``create()``), but only that
     processor gives it: the vertex's processors on the other members of a cluster get nothing,
     and must not add a result of their own."""
-    if acc is _NO_ACC:
+    if acc is NO_ACC:
         if context.global_processor_index != all_to_one_target(
                 context.vertex_name, context.member_count, context.local_parallelism):
             return []

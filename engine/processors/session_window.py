@@ -24,7 +24,7 @@ from jetwake.engine.core.processor import BroadcastKey, Inbox
 from jetwake.engine.processors.sliding_window import _WindowBase
 from jetwake.engine.processors.window_entries import WindowEntries
 
-__all__ = ["SessionWindowProcessor", "add_to_sessions"]
+__all__ = ["SessionWindowProcessor", "add_to_sessions", "close_sessions"]
 
 
 def _start(s: list) -> int:
@@ -71,6 +71,25 @@ def add_to_sessions(ss: list[list], t: int, t_end: int, x: Any, create: Callable
         first[1] = t_end
     first[2] = accumulate(first[2], x)
     return False
+
+
+def close_sessions(ss: list[list], key: Any, limit: int, finish: Callable[[Any], Any],
+                   keyed: bool, out: list) -> None:
+    """Closes a key's sessions ``ss`` (disjoint, sorted by start) that end at or before
+    ``limit``: each one's result appended to ``out`` and the session taken out of ``ss``. The
+    member's processor and the Spark backfill both close sessions with this."""
+    # disjoint and sorted by start, so sorted by end too: the closed ones are a prefix (a scan
+    # of every session made a backlog of open sessions quadratic)
+    n = len(ss)
+    i = 0
+    while i < n and ss[i][1] <= limit:
+        s = ss[i]
+        r = finish(s[2])
+        out.append(KeyedWindowResult(s[0], s[1], key, r) if keyed
+                   else WindowResult(s[0], s[1], r))
+        i += 1
+    if i:
+        del ss[:i]
 
 
 class SessionWindowProcessor(_WindowBase):
@@ -133,23 +152,11 @@ class SessionWindowProcessor(_WindowBase):
             ss = sessions.get(k)
             if not ss:
                 continue
-            # a key's sessions are sorted and disjoint, so their ends are sorted too: the
-            # closed ones are a prefix, and the next deadline is the first one left (a scan of
-            # every session per popped entry made a backlog of open sessions quadratic)
-            n = len(ss)
-            i = 0
-            while i < n and ss[i][1] <= limit:
-                s = ss[i]
-                r = finish(s[2])
-                out.append(KeyedWindowResult(s[0], s[1], k, r) if keyed
-                           else WindowResult(s[0], s[1], r))
-                i += 1
-            if i == n:
-                del sessions[k]
+            close_sessions(ss, k, limit, finish, keyed, out)
+            if ss:
+                self._push(ss[0][1], k)  # the next deadline: the first session left
             else:
-                if i:
-                    del ss[:i]
-                self._push(ss[0][1], k)
+                del sessions[k]
         out.sort(key=lambda r: (r[1], r[0]))
         self._emit(out)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from itertools import repeat
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from jetwake.engine.operations.aggregate import AggregateOperation, _identity
 from jetwake.engine.operations.window_definition import WindowDefinition, items_by_frame
@@ -38,7 +38,8 @@ from jetwake.engine.processors.event_time_base import MISSING, EventTimeProcesso
 from jetwake.engine.processors.window_entries import WindowEntries
 
 __all__ = ["FrameAccumulateProcessor", "WindowCombineProcessor", "SlidingWindowProcessor",
-           "composite_operation", "accumulate_frames", "accumulate_windows"]
+           "FrameWindows", "composite_operation", "accumulate_frames", "accumulate_windows",
+           "close_windows"]
 
 
 # results are built with tuple.__new__, skipping the Python-level __new__ (one call per result)
@@ -113,6 +114,20 @@ def accumulate_windows(windows: dict[int, dict], events: Iterable[tuple[int, Any
         if table is None:
             table = windows[e] = {}
         accumulate_grouped(table, keys, xs)
+
+
+def close_windows(windows: dict[int, dict], limit: int, op: AggregateOperation, size: int,
+                  keyed: bool) -> Iterator[list]:
+    """The windows of an operation without ``combine`` that end at or before ``limit``, taken
+    out of ``windows`` (window end -> key -> acc): their results, a list per window end, in
+    order. The member's processor and the Spark backfill both close windows with this."""
+    finish = op.finish
+    for e in sorted(e for e in windows if e <= limit):
+        table = windows.pop(e)
+        if keyed:
+            yield [KeyedWindowResult(e - size, e, k, finish(a)) for k, a in table.items()]
+        else:
+            yield [WindowResult(e - size, e, finish(a)) for a in table.values()]
 
 
 class _WindowBase(EventTimeProcessor):
@@ -257,30 +272,36 @@ class FrameAccumulateProcessor(_WindowBase):
             t[key] = acc if old is MISSING else self.ops[i].combine(old, acc)  # type: ignore[misc]
 
 
-class WindowCombineProcessor(_WindowBase):
-    """Stage 2: combines ``(key, frame, acc)`` from every stage-1 processor into windows."""
+class FrameWindows:
+    """The second stage's rule, over the frames of every key it holds: a key's combined
+    accumulator per frame, and the windows they make once the watermark passes a window's end.
+    The member's combining processor keeps its frames in one and the Spark backfill combines
+    its tasks' frames in one, so both emit the same windows from the same frames.
 
-    def __init__(self, stage_name: str, wdef: WindowDefinition, op: AggregateOperation,
-                 keyed: bool, side_output: bool = False) -> None:
-        super().__init__(stage_name, wdef, side_output)
+    With ``deduct`` a window is built from the previous one (the frame that entered added, the
+    one that left deducted); without, by combining its frames afresh. A tumbling window is the
+    case of one frame per window."""
+
+    def __init__(self, op: AggregateOperation, size: int, slide: int, keyed: bool) -> None:
         self.op = op
+        self.size = size
+        self.slide = slide
         self.keyed = keyed
-        self.frames: dict[int, dict] = {}
-        self.starts: list[int] = []       # sorted frame starts present in ``frames``
-        self.next_end: int | None = None  # the end of the next window to emit
-        self.win: dict = {}               # deduct path: key -> [acc, frames holding the key]
-        self.win_end: int | None = None   # the window ``win`` holds, by its end
-        self.early_period = wdef.early_results_period
+        self.frames: dict[int, dict] = {}  # frame start -> key -> combined acc
+        self.starts: list[int] = []        # sorted frame starts present in ``frames``
+        self.next_end: int | None = None   # the end of the next window to emit
+        self.win: dict = {}                # deduct path: key -> [acc, frames holding the key]
+        self.win_end: int | None = None    # the window ``win`` holds, by its end
 
-    def process(self, ordinal: int, inbox: Inbox) -> None:
-        if not self._flush():
-            return
+    def add(self, partials: Iterable[tuple], min_ts: int = NO_WATERMARK) -> int:
+        """Combines ``(key, frame start, acc)`` partials into the frames; a partial of a frame
+        before ``min_ts`` (the frame the watermark is in) is late and left out. Returns how
+        many were."""
         frames = self.frames
         combine = self.op.combine
-        min_ts = self.min_ts
         late = 0
-        for k, f, a in inbox.drain():
-            if f < min_ts:  # only after a restore or when an idle input woke up
+        for k, f, a in partials:
+            if f < min_ts:
                 late += 1
                 continue
             t = frames.get(f)
@@ -289,30 +310,11 @@ class WindowCombineProcessor(_WindowBase):
                 insort(self.starts, f)
             old = t.get(k, MISSING)
             t[k] = a if old is MISSING else combine(old, a)  # type: ignore[misc]
-        if late:
-            self._count_late(late)
+        return late
 
-    def _close_upto(self, limit: int) -> None:
-        self._emit_windows(limit)
-
-    def complete(self) -> bool:
-        if not self._completing:
-            self._completing = True
-            if self.starts:
-                self._emit_windows(self.starts[-1] + self.size)
-        return self._flush()
-
-    def try_process(self) -> bool:
-        if not self._flush():
-            return False
-        if self._early_results_due():
-            self._emit_early()
-        return self._flush()
-
-    # --- windows -----------------------------------------------------------------------------
-
-    def _emit_windows(self, limit: int) -> None:
-        """Emits every window whose end is at most ``limit`` (a frame boundary)."""
+    def windows_upto(self, limit: int) -> Iterator[list]:
+        """The results of every window whose end is at most ``limit`` (a frame boundary), a
+        list per window end, in order; the frames no later window needs are forgotten."""
         starts = self.starts
         size, slide = self.size, self.slide
         e = self.next_end
@@ -326,7 +328,7 @@ class WindowCombineProcessor(_WindowBase):
                 if starts[i] >= e:
                     e = starts[i] + slide  # skip windows without frames
                     continue
-                self._emit(self._window(e))
+                yield self._window(e)
                 e += slide
                 self._evict(e)
         # every window ending at or before ``limit`` is done; a frame arriving from now on
@@ -334,6 +336,30 @@ class WindowCombineProcessor(_WindowBase):
         nxt = limit + slide
         if self.next_end is None or nxt > self.next_end:
             self.next_end = nxt
+        self._evict(self.next_end)
+
+    def every_window(self) -> Iterator[list]:
+        """The results of every window the frames make (the input ended)."""
+        if self.starts:
+            yield from self.windows_upto(self.starts[-1] + self.size)
+
+    def early_results(self) -> Iterator[list]:
+        """Early results of the open windows, a list per window end; the frames live on."""
+        starts = self.starts
+        if not starts:
+            return
+        size, slide = self.size, self.slide
+        e = self.next_end if self.next_end is not None else starts[0] + slide
+        last = starts[-1] + size
+        export = self.op.export
+        while e <= last:
+            accs = self._combine_frames(e - size, e)
+            if self.keyed:
+                yield [KeyedWindowResult(e - size, e, k, export(a), True)
+                       for k, a in accs.items()]
+            else:
+                yield [WindowResult(e - size, e, export(a), True) for a in accs.values()]
+            e += slide
 
     def _window(self, e: int) -> list:
         size, slide = self.size, self.slide
@@ -419,51 +445,79 @@ class WindowCombineProcessor(_WindowBase):
                 del frames[f]
             del starts[:j]
 
-    def _emit_early(self) -> None:
-        starts = self.starts
-        if not starts:
+    def restore(self, partials: Iterable[tuple], next_end: int | None) -> None:
+        """Restored ``(key, frame start, acc)`` partials and the end of the next window
+        (every processor's reaches every processor: the lowest is the safe one); a sliding
+        window is built afresh at the next window."""
+        self.add(partials)
+        if next_end is not None:
+            self.next_end = next_end if self.next_end is None else min(self.next_end, next_end)
+        self.win.clear()
+        self.win_end = None
+
+
+class WindowCombineProcessor(_WindowBase):
+    """Stage 2: combines ``(key, frame, acc)`` from every stage-1 processor into windows
+    (:class:`FrameWindows`)."""
+
+    def __init__(self, stage_name: str, wdef: WindowDefinition, op: AggregateOperation,
+                 keyed: bool, side_output: bool = False) -> None:
+        super().__init__(stage_name, wdef, side_output)
+        self.op = op
+        self.windows = FrameWindows(op, wdef.size, wdef.slide, keyed)
+        self.early_period = wdef.early_results_period
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        if not self._flush():
             return
-        size, slide = self.size, self.slide
-        e = self.next_end if self.next_end is not None else starts[0] + slide
-        last = starts[-1] + size
-        export = self.op.export
-        while e <= last:
-            accs = self._combine_frames(e - size, e)
-            if self.keyed:
-                self._emit([KeyedWindowResult(e - size, e, k, export(a), True)
-                            for k, a in accs.items()])
-            else:
-                self._emit([WindowResult(e - size, e, export(a), True) for a in accs.values()])
-            e += slide
+        # a partial is late only after a restore or when an idle input woke up
+        late = self.windows.add(inbox.drain(), self.min_ts)
+        if late:
+            self._count_late(late)
+
+    def _close_upto(self, limit: int) -> None:
+        for results in self.windows.windows_upto(limit):
+            self._emit(results)
+
+    def complete(self) -> bool:
+        if not self._completing:
+            self._completing = True
+            for results in self.windows.every_window():
+                self._emit(results)
+        return self._flush()
+
+    def try_process(self) -> bool:
+        if not self._flush():
+            return False
+        if self._early_results_due():
+            for results in self.windows.early_results():
+                self._emit(results)
+        return self._flush()
 
     # --- snapshots ---------------------------------------------------------------------------
 
     def _snapshot_entries(self):
         yield WindowEntries.watermark(self.min_ts)
-        if self.next_end is not None:
-            yield WindowEntries.next_end(self.next_end)
-        for f, t in self.frames.items():
+        w = self.windows
+        if w.next_end is not None:
+            yield WindowEntries.next_end(w.next_end)
+        for f, t in w.frames.items():
             for k, a in t.items():
                 yield WindowEntries.frame(k, f, a)
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
-        combine = self.op.combine
+        partials = []
+        next_end = None
         for key, value in inbox.drain():
             if isinstance(key, BroadcastKey):
                 if key.key == WindowEntries.WATERMARK:
                     self.restore_watermark(value)
                 elif key.key == WindowEntries.NEXT_END:
-                    self.next_end = value if self.next_end is None else min(self.next_end, value)
+                    next_end = value if next_end is None else min(next_end, value)
                 continue
             f, acc = value
-            t = self.frames.get(f)
-            if t is None:
-                t = self.frames[f] = {}
-                insort(self.starts, f)
-            old = t.get(key, MISSING)
-            t[key] = acc if old is MISSING else combine(old, acc)  # type: ignore[misc]
-        self.win.clear()
-        self.win_end = None
+            partials.append((key, f, acc))
+        self.windows.restore(partials, next_end)
 
 
 class SlidingWindowProcessor(_WindowBase):
@@ -487,15 +541,9 @@ class SlidingWindowProcessor(_WindowBase):
                            self.op.accumulate_grouped)
 
     def _emit_upto(self, limit: int) -> None:
-        finish = self.op.finish
-        size = self.size
-        for e in sorted(e for e in self.windows if e <= limit):
-            table = self.windows.pop(e)
-            if self.key_fn is not None:
-                self._emit([KeyedWindowResult(e - size, e, k, finish(a))
-                            for k, a in table.items()])
-            else:
-                self._emit([WindowResult(e - size, e, finish(a)) for a in table.values()])
+        for results in close_windows(self.windows, limit, self.op, self.size,
+                                     self.key_fn is not None):
+            self._emit(results)
 
     def _close_upto(self, limit: int) -> None:
         self._emit_upto(limit)
