@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jetwake.engine.backfill.chunks import Step, run_chain
+from jetwake.engine.core.functions import identity
 
 __all__ = ["StageOut"]
 
@@ -76,17 +77,13 @@ class StageOut:
 
     def elements(self, counters: Any) -> Any:
         """One RDD element per element."""
-        return self.chunks(counters).flatMap(_identity, preservesPartitioning=True)
+        return self.chunks(counters).flatMap(identity, preservesPartitioning=True)
 
     def items(self, counters: Any) -> Any:
         """One RDD element per item (times and watermarks taken off)."""
         if not self.timed:
             return self.elements(counters)
         return self.chunks(counters).flatMap(_items_of, preservesPartitioning=True)
-
-
-def _identity(x: Any) -> Any:
-    return x
 
 
 def _items_of(chunk: list) -> list:

@@ -70,7 +70,7 @@ from jetwake.engine.cluster.membership import check_cluster_name
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.core.partitioning import PARTITION_COUNT, partition_of
 from jetwake.engine.core.serialization import dumps, loads
-from jetwake.engine.data.map_surface import KEEP, Change, MapSurface, _decode
+from jetwake.engine.data.map_surface import KEEP, Change, MapSurface, decode_value
 from jetwake.engine.data.named_maps import PUT, REMOVE, JournalBatch, JournalEvent
 
 __all__ = ["ClusterMaps", "ClusterMap", "ClusterList", "map_topic", "list_topic",
@@ -812,7 +812,7 @@ class ClusterMap(MapSurface):
                         kb, vb = msg.key(), msg.value()
                         if kb is None:
                             continue  # not a map record
-                        events.append(JournalEvent(offset, loads(kb), None, _decode(vb),
+                        events.append(JournalEvent(offset, loads(kb), None, decode_value(vb),
                                                    PUT if vb is not None else REMOVE))
                     elif err.code() == KafkaError._PARTITION_EOF:
                         offset = msg.offset()

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["is_identity"]
+__all__ = ["identity", "is_identity"]
 
 _IDENTITY_CODE = (lambda x: x).__code__.co_code
+
+
+def identity(x: Any) -> Any:
+    """The item itself: the default key, export or flat-map step where none is given."""
+    return x
 
 
 def is_identity(fn: Callable[[Any], Any]) -> bool:

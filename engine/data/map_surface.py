@@ -19,7 +19,7 @@ from typing import Any, Callable, Final, Iterable, Iterator, Mapping
 from jetwake.engine.core.partitioning import PARTITION_COUNT, partition_of
 from jetwake.engine.core.serialization import dumps, loads
 
-__all__ = ["MapSurface", "KEEP", "Change"]
+__all__ = ["MapSurface", "KEEP", "Change", "decode_value"]
 
 
 class _Keep(Enum):
@@ -47,7 +47,8 @@ def _value_bytes(value: Any) -> bytes:
     return dumps(value)
 
 
-def _decode(vb: bytes | None) -> Any:
+def decode_value(vb: bytes | None) -> Any:
+    """A stored value decoded (None: no value)."""
     return None if vb is None else loads(vb)
 
 
@@ -158,7 +159,7 @@ class MapSurface(MutableMapping[Any, Any]):
         """Store ``value`` under ``key``; the previous value, or None."""
         partition, kb = _key_bytes(key)
         vb = _value_bytes(value)
-        return _decode(self._modify(partition, kb, lambda old: vb))
+        return decode_value(self._modify(partition, kb, lambda old: vb))
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.put(key, value)
@@ -186,7 +187,7 @@ class MapSurface(MutableMapping[Any, Any]):
         """Store ``value`` only when ``key`` is absent; the existing value, or None if stored."""
         partition, kb = _key_bytes(key)
         vb = _value_bytes(value)
-        return _decode(self._modify(partition, kb, lambda old: vb if old is None else KEEP))
+        return decode_value(self._modify(partition, kb, lambda old: vb if old is None else KEEP))
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
         """The value of ``key``, storing ``default`` first when absent."""
@@ -197,7 +198,7 @@ class MapSurface(MutableMapping[Any, Any]):
         """Remove ``key``; its previous value, or None when it was absent (nothing is
         written then)."""
         partition, kb = _key_bytes(key)
-        return _decode(self._modify(partition, kb, lambda old: KEEP if old is None else None))
+        return decode_value(self._modify(partition, kb, lambda old: KEEP if old is None else None))
 
     def __delitem__(self, key: Any) -> None:
         if self.remove(key) is None:

@@ -33,7 +33,7 @@ from typing import Any, Iterator, NamedTuple, Protocol, cast
 from rocksdict import BlockBasedOptions, Options, ReadOptions, Rdict, Snapshot, WriteBatch
 
 from jetwake.engine.core.serialization import dumps, loads
-from jetwake.engine.data.map_surface import KEEP, Change, MapSurface, _decode
+from jetwake.engine.data.map_surface import KEEP, Change, MapSurface, decode_value
 
 __all__ = ["MapStore", "KeyValueMap", "JournalEvent", "JournalBatch", "PUT", "REMOVE"]
 
@@ -361,7 +361,7 @@ class KeyValueMap(MapSurface):
             stop = min(start + max_count, next_seq)
             raw = self._storage.events(start, stop)
         events = [
-            JournalEvent(start + i, loads(kb), _decode(old), _decode(new), kind)
+            JournalEvent(start + i, loads(kb), decode_value(old), decode_value(new), kind)
             for i, (kb, old, new, kind) in enumerate(raw)
         ]
         return JournalBatch(events, start + len(events), start - from_seq)

@@ -18,6 +18,8 @@ import copy
 from collections import _count_elements  # type: ignore[attr-defined]  # C-accelerated
 from typing import Any, Callable, Iterable
 
+from jetwake.engine.core.functions import identity
+
 __all__ = ["AggregateOperation", "AggregateOperations"]
 
 _MISSING = object()
@@ -26,10 +28,6 @@ _MISSING = object()
 def _require_callable(fn: Any, what: str) -> None:
     if not callable(fn):
         raise TypeError(f"{what} must be a callable, got {type(fn).__qualname__}: {fn!r}")
-
-
-def _identity(x: Any) -> Any:
-    return x
 
 
 # accumulators of these types cannot change in place, so a result may be the accumulator itself
@@ -58,7 +56,7 @@ class AggregateOperation:
         self.accumulate = accumulate
         self.combine = combine
         self.deduct = deduct
-        self.export = export or _identity
+        self.export = export or identity
         self.finish = finish or self.export
 
     def detached_export(self, sample_acc: Any) -> Callable[[Any], Any]:
@@ -66,7 +64,7 @@ class AggregateOperation:
         accumulator can change in place, a function that returns a copy. A result emitted while
         the accumulator lives on (rolling and early results, sliding windows) must not change
         when the accumulator does afterwards."""
-        if self.export is not _identity or type(sample_acc) in _IMMUTABLE_ACCS:
+        if self.export is not identity or type(sample_acc) in _IMMUTABLE_ACCS:
             return self.export
         if self.combine is not None:
             create, combine = self.create, self.combine

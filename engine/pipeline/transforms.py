@@ -43,6 +43,7 @@ from jetwake.engine.processors.sliding_window import (
 from jetwake.engine.processors.source_event_time import EventTimeSpec
 from jetwake.engine.processors.sort import MergeSortedProcessor, SortProcessor
 from jetwake.engine.processors.stateless_stage import StatelessStageProcessor
+from jetwake.engine.core.functions import identity
 
 if TYPE_CHECKING:  # the backfill runs transforms; they only name its types
     from jetwake.engine.backfill.stage_output import StageOut
@@ -58,10 +59,6 @@ __all__ = [
 
 _first = itemgetter(0)
 _PLAIN, _TIMESTAMPED = ItemForm.PLAIN, ItemForm.TIMESTAMPED
-
-
-def _identity(x: Any) -> Any:
-    return x
 
 
 class Transform:
@@ -196,7 +193,7 @@ class DistinctTransform(Transform):
         key_fn = self.key_fn
         v = planner.vertex(self.name, lambda: DistinctProcessor(key_fn), self)
         planner.connect(self, self.upstream[0], v,
-                        lambda e: e.distributed().partitioned(key_fn or _identity))
+                        lambda e: e.distributed().partitioned(key_fn or identity))
         planner.set_output(self, Output(v))
 
 

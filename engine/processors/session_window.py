@@ -21,7 +21,7 @@ from jetwake.engine.operations.aggregate import AggregateOperation
 from jetwake.engine.operations.window_definition import WindowDefinition
 from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
 from jetwake.engine.core.processor import BroadcastKey, Inbox
-from jetwake.engine.processors.sliding_window import _WindowBase
+from jetwake.engine.processors.sliding_window import WindowProcessorBase
 from jetwake.engine.processors.window_entries import WindowEntries
 
 __all__ = ["SessionWindowProcessor", "add_to_sessions", "close_sessions"]
@@ -92,7 +92,7 @@ def close_sessions(ss: list[list], key: Any, limit: int, finish: Callable[[Any],
         del ss[:i]
 
 
-class SessionWindowProcessor(_WindowBase):
+class SessionWindowProcessor(WindowProcessorBase):
     def __init__(self, stage_name: str, wdef: WindowDefinition, op: AggregateOperation,
                  key_fn: Callable[[Any], Any] | None, side_output: bool = False) -> None:
         super().__init__(stage_name, wdef, side_output)

@@ -28,7 +28,8 @@ from bisect import bisect_left, insort
 from itertools import repeat
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from jetwake.engine.operations.aggregate import AggregateOperation, _identity
+from jetwake.engine.core.functions import identity
+from jetwake.engine.operations.aggregate import AggregateOperation
 from jetwake.engine.operations.window_definition import WindowDefinition, items_by_frame
 from jetwake.engine.operations.window_result import KeyedWindowResult, WindowResult
 from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
@@ -130,7 +131,7 @@ def close_windows(windows: dict[int, dict], limit: int, op: AggregateOperation, 
             yield [WindowResult(e - size, e, finish(a)) for a in table.values()]
 
 
-class _WindowBase(EventTimeProcessor):
+class WindowProcessorBase(EventTimeProcessor):
     def __init__(self, stage_name: str, wdef: WindowDefinition, side_output: bool) -> None:
         self.stage_name = stage_name
         self.wdef = wdef
@@ -178,7 +179,7 @@ class _WindowBase(EventTimeProcessor):
         return True
 
 
-class FrameAccumulateProcessor(_WindowBase):
+class FrameAccumulateProcessor(WindowProcessorBase):
     """Stage 1: timestamped items -> per-frame accumulators; emits ``(key, frame, acc)``."""
 
     def __init__(self, stage_name: str, wdef: WindowDefinition,
@@ -383,7 +384,7 @@ class FrameWindows:
             # the window's accumulators change in place as it slides: a result must not
             export = op.detached_export(next(iter(win.values()))[0]) if win else op.export
             if self.keyed:
-                if export is _identity:
+                if export is identity:
                     return [_new(_KWR, (start, e, k, v[0])) for k, v in win.items()]
                 return [_new(_KWR, (start, e, k, export(v[0]))) for k, v in win.items()]
             return [_new(_WR, (start, e, export(v[0]))) for v in win.values()]
@@ -456,7 +457,7 @@ class FrameWindows:
         self.win_end = None
 
 
-class WindowCombineProcessor(_WindowBase):
+class WindowCombineProcessor(WindowProcessorBase):
     """Stage 2: combines ``(key, frame, acc)`` from every stage-1 processor into windows
     (:class:`FrameWindows`)."""
 
@@ -520,7 +521,7 @@ class WindowCombineProcessor(_WindowBase):
         self.windows.restore(partials, next_end)
 
 
-class SlidingWindowProcessor(_WindowBase):
+class SlidingWindowProcessor(WindowProcessorBase):
     """One stage, for operations that cannot combine: each event is accumulated into every
     window that holds it (``size // slide`` windows)."""
 
