@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 
-from jetwake import JobConfig, JobStatus, Member, Pipeline, Sinks, Sources
-from support.snapshot_fixtures import expected_sums, running_sum_pipeline
+from jetwake import (
+    AggregateOperations, JobConfig, JobStatus, Member, Pipeline, Processor, Sinks, Sources,
+)
+from jetwake.engine.core.errors import JobCancelledError
+from support.snapshot_fixtures import counting_source, expected_sums, running_sum_pipeline
 from support.waiting import wait_until
 
 LIMIT = 20_000
@@ -86,3 +90,40 @@ def test_a_member_alone_restores_a_snapshot_kept_in_memory():
         job.join(60)
         assert job.status == JobStatus.COMPLETED
         assert dict(m.get_map("sums").items()) == expected_sums(LIMIT)
+
+
+class _Gate(Processor):
+    """Passes items on; its init waits until the test lets it finish (a slow start)."""
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    def init(self, context) -> None:
+        super().init(context)
+        _Gate.entered.set()
+        _Gate.release.wait(30)
+
+    def process(self, ordinal, inbox) -> None:
+        if self.outbox.has_room():
+            self.outbox.offer_chunk(-1, inbox.drain())
+
+
+def test_a_start_cancelled_while_its_processors_initialize_closes_them_before_their_state_goes(
+        tmp_path, caplog):
+    p = Pipeline()
+    (p.read_from(counting_source(None)).group_by(lambda x: x % 10)
+      .rolling_aggregate(AggregateOperations.counting())
+      .custom_transform("gate", _Gate).write_to(Sinks.list("out")))
+    with Member(tmp_path) as m:
+        c = m.add_job(p, eo(state_backend="rocksdb"))
+        starting = threading.Thread(target=lambda: pytest.raises(JobCancelledError, c.start))
+        starting.start()
+        assert _Gate.entered.wait(30), "the processors never initialized"
+        c.cancel()  # while the start builds the processors: it ends cancelled
+        _Gate.release.set()
+        starting.join(30)
+        assert c.status == JobStatus.FAILED and not starting.is_alive()
+    closing_errors = [r for r in caplog.records if "after a failed start" in r.getMessage()]
+    assert closing_errors == [], "a processor's RocksDB state was removed while it closed"
+    state = tmp_path / "state" / c.job_id
+    assert not state.exists() or not os.listdir(state), "the start left working state behind"

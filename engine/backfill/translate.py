@@ -145,7 +145,7 @@ class Translator:
         self._consumers: dict[int, int] = {}
         for t in pipeline.transforms:
             # a stage with a side output (late or bad events) reads its input a second time
-            reads = 2 if getattr(t, "side_sink", None) is not None else 1
+            reads = 2 if t.side_sink is not None else 1
             for u in t.upstream:
                 self._consumers[id(u)] = self._consumers.get(id(u), 0) + reads
 

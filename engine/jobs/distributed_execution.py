@@ -202,6 +202,25 @@ class DistributedExecution:
         for m in remaining:
             self.submit(self._cancel_on, m)
 
+    def discard(self, local: str) -> None:
+        """Drops an execution that was initialized but never started. The share of member
+        ``local`` (the coordinator's own, in-process) is closed before this returns: the
+        coordinator removes the job's working state on this member next, which a share still
+        closing would be reading. The other members drop theirs as a cancel reaches them, and
+        remove their own working state."""
+        with self._lock:
+            self.cancelled = True
+            others = [m for m in self._remaining if m != local]
+            mine = local in self._remaining
+        if mine:
+            try:
+                self._call(local, CancelExecution(exec_key=self.exec_key), 30.0)
+            except Exception as e:  # noqa: BLE001 - closing quietly: the start failed anyway
+                log.warning("dropping %s on member %s failed: %s", self.exec_key, local, e)
+        for m in others:
+            self.submit(self._cancel_on, m)
+        self._pool.shutdown(wait=False)  # the cancels queued still go out
+
     def _cancel_on(self, member: str) -> None:
         try:
             self._call(member, CancelExecution(exec_key=self.exec_key), 10.0)

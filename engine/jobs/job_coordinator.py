@@ -315,7 +315,7 @@ class JobCoordinator:
                 self.status = JobStatus.RUNNING
                 self._state_changed.notify_all()
         if reason != StopReason.NONE:
-            execution.cancel()  # never started: each member drops its share
+            execution.discard(self.member.member_id)  # never started: members drop shares
             self._remove_state_dirs()
             if reason == StopReason.CANCEL:
                 self._finish_cancelled()
@@ -410,7 +410,7 @@ class JobCoordinator:
                 INIT_TIMEOUT_S)
             failed = {m: r for m, r in results.items() if isinstance(r, BaseException)}
             if failed:
-                execution.cancel()
+                execution.discard(member.member_id)
                 damaged_on = [m for m, e in failed.items() if _raised(e, SnapshotDamagedError)]
                 if rec is not None and damaged_on:
                     error = SnapshotDamagedError("; ".join(str(failed[m]) for m in damaged_on))

@@ -69,6 +69,9 @@ class Transform:
         self.name = ""
         self.local_parallelism = -1
         self.explicit_parallelism = False
+        #: where the events this stage cannot use go (late ones, ones without a readable
+        #: timestamp); None: they are counted and dropped. Only some stages offer one.
+        self.side_sink: Sink | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -358,7 +361,7 @@ class TimestampTransform(Transform):
         self.native = native
         # the source emits its own watermarks (per partition): follow them
         self.upstream_watermarks = upstream_watermarks
-        self.side_sink: Sink | None = None  # events without a readable timestamp
+        self.side_sink = None  # events without a readable timestamp
 
     def downstream(self, transforms: Sequence[Transform]) -> Iterator[Transform]:
         """The stages of a pipeline of ``transforms`` that see this stage's timestamps: those
@@ -441,7 +444,7 @@ class WindowAggregateTransform(Transform):
         self.ops = ops
         self.key_fns = key_fns  # None: keyless
         self.post = post        # a flat-map over the window results (the windowed join)
-        self.side_sink: Sink | None = None  # late events
+        self.side_sink = None  # late events
 
     @property
     def two_stage(self) -> bool:
