@@ -45,7 +45,8 @@ class _Members:
 
 def _execution(members: _Members, names: list[str]) -> DistributedExecution:
     return DistributedExecution("sums", _KEY, names, members.call,
-                                on_end=lambda ex: None, local_tasklets=lambda: [])
+                                on_end=lambda ex: None, local_tasklets=lambda: [],
+                                local="coordinator")
 
 
 def test_a_call_to_a_member_whose_share_ended_is_not_waited_for() -> None:

@@ -27,7 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 from jetwake.engine.core.errors import JetwakeError, RestartableError
-from jetwake.engine.execution.execution_metrics import Counts, summed
+from jetwake.engine.execution.execution_metrics import Counts, member_counts, summed
 from jetwake.engine.jobs.execution_messages import (
     CancelExecution, CompletePhase1, CompletePhase2, ExecutionEnded, ExecutionMessage,
     ExecutionMetrics, ExecutionTransport, MemberCounts, Phase1Result, Phase2Result,
@@ -54,14 +54,16 @@ class MemberExecutionError(JetwakeError):
 
 
 class DistributedExecution:
-    """One execution across ``members`` (ids, in member-index order)."""
+    """One execution across ``members`` (ids, in member-index order). ``local`` is the
+    coordinator's own member, whose processors (``local_tasklets``) it reads in-process."""
 
     def __init__(self, name: str, exec_key: str, members: list[str], call: ExecutionTransport,
                  on_end: Callable[["DistributedExecution"], None],
-                 local_tasklets: Callable[[], list]) -> None:
+                 local_tasklets: Callable[[], list], local: str) -> None:
         self.name = name
         self.exec_key = exec_key
         self.members = list(members)
+        self.local = local
         self._call = call
         self._on_end = on_end
         self._local_tasklets = local_tasklets
@@ -156,12 +158,17 @@ class DistributedExecution:
 
     def metrics(self) -> Counts:
         """What the processors of every member counted, summed: a member whose share ended
-        sent its counts with the end; the others are asked now. A member that does not answer
-        (it is out of reach) is left out of the sum, which the log says."""
+        sent its counts with the end, this member's are read here, the others are asked now
+        (metrics are polled: a member alone answers without a message). A member that does
+        not answer (it is out of reach) is left out of the sum, which the log says."""
         with self._lock:
             parts = list(self._final_counts.values())
-            ask = [m for m in self.members if m not in self._final_counts
-                   and m in self._remaining]
+            running = [m for m in self.members if m not in self._final_counts
+                       and m in self._remaining]
+        if self.local in running:
+            running.remove(self.local)
+            parts.append(member_counts(self._local_tasklets()))
+        ask = running
         request = ExecutionMetrics(exec_key=self.exec_key)
         futures = {m: self.call(m, request, _METRICS_TIMEOUT_S) for m in ask}
         for m, r in self.gather(futures, _METRICS_TIMEOUT_S, request.OP).items():
@@ -202,14 +209,15 @@ class DistributedExecution:
         for m in remaining:
             self.submit(self._cancel_on, m)
 
-    def discard(self, local: str) -> None:
-        """Drops an execution that was initialized but never started. The share of member
-        ``local`` (the coordinator's own, in-process) is closed before this returns: the
+    def discard(self) -> None:
+        """Drops an execution that was initialized but never started. The share of the
+        coordinator's own member (in-process) is closed before this returns: the
         coordinator removes the job's working state on this member next, which a share still
         closing would be reading. The other members drop theirs as a cancel reaches them, and
         remove their own working state."""
         with self._lock:
             self.cancelled = True
+            local = self.local
             others = [m for m in self._remaining if m != local]
             mine = local in self._remaining
         if mine:

@@ -315,7 +315,7 @@ class JobCoordinator:
                 self.status = JobStatus.RUNNING
                 self._state_changed.notify_all()
         if reason != StopReason.NONE:
-            execution.discard(self.member.member_id)  # never started: members drop shares
+            execution.discard()  # never started: each member drops its share
             self._remove_state_dirs()
             if reason == StopReason.CANCEL:
                 self._finish_cancelled()
@@ -404,13 +404,14 @@ class JobCoordinator:
             execution = DistributedExecution(
                 self.name, exec_key, [m for m, _ in members], member.call_execution,
                 self._on_execution_end,
-                lambda key=exec_key: participant.tasklets_of_execution(key))  # type: ignore[misc]
+                lambda key=exec_key: participant.tasklets_of_execution(key),  # type: ignore[misc]
+                member.member_id)
             results = execution.all_members(
                 lambda index: self._init_message(exec_key, members, index, rec, desc, damaged),
                 INIT_TIMEOUT_S)
             failed = {m: r for m, r in results.items() if isinstance(r, BaseException)}
             if failed:
-                execution.discard(member.member_id)
+                execution.discard()
                 damaged_on = [m for m, e in failed.items() if _raised(e, SnapshotDamagedError)]
                 if rec is not None and damaged_on:
                     error = SnapshotDamagedError("; ".join(str(failed[m]) for m in damaged_on))
