@@ -379,3 +379,47 @@ def test_native_timestamps_follow_per_partition_watermarks(kafka_bootstrap, kafk
         job.cancel()
     assert late == 0
     assert got == Counter(((ts // 100) * 100, key) for key, ts in closed)
+
+
+def test_a_source_reports_each_partitions_lag_behind_the_end_of_the_log(kafka_bootstrap,
+                                                                         kafka_topic):
+    from confluent_kafka import TopicPartition
+
+    from jetwake.engine.server.metrics import kafka_consumer_lag
+
+    tin = kafka_topic(partitions=2)
+    produce(kafka_bootstrap, tin, 0, 3000)
+    ends = {}
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": uuid.uuid4().hex})
+    for part in (0, 1):
+        ends[part] = c.get_watermark_offsets(TopicPartition(tin, part), timeout=10)[1]
+    c.close()
+    held = threading.Event()
+
+    def hold(x):  # the job takes a record, then waits: the source stops behind the end
+        held.wait(30)
+        return x
+
+    pl = Pipeline()
+    pl.read_from(Sources.kafka(tin, {"bootstrap.servers": kafka_bootstrap})).map(hold) \
+        .write_to(Sinks.list("out"))
+    with Member() as m:
+        job = m.new_job(pl)
+
+        def source_lags():
+            for share in m.participant.running():
+                for t in share.execution.tasklets if share.execution else ():
+                    lags = t.processor.partition_lag()
+                    if lags and any(p["lag"] is not None for p in lags):
+                        return t.processor, lags
+            return None
+        processor, lags = wait_until(source_lags, what="a partition's lag behind its end")
+        assert sorted(p["partition"] for p in lags) == [0, 1]
+        for p in lags:  # a partition nothing was fetched from yet has no known end or lag
+            assert p["end"] in (None, ends[p["partition"]])
+            if p["lag"] is not None:
+                assert p["lag"] == p["end"] - p["position"] and 0 <= p["lag"] <= p["end"]
+        assert sum(ends.values()) == 3000
+        assert 0 <= kafka_consumer_lag(processor) <= 3000  # the source may still be reading
+        held.set()
+        job.cancel()

@@ -538,6 +538,33 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
                     log.debug("committing offsets to group failed: %s", e)
         return True
 
+    def partition_lag(self) -> list[dict[str, Any]] | None:
+        """Records behind the end of the log for every partition read here, from the high
+        watermark the consumer last saw (cached: no broker call); a partition nothing was
+        read from yet counts from where it starts. None before the consumer is made, or while
+        it is closed or its partitions are being reassigned."""
+        consumer, owned = self.consumer, list(self.owned)
+        if consumer is None or not owned:
+            return None
+        try:
+            from confluent_kafka import TopicPartition
+            positions = consumer.position([TopicPartition(t, p) for t, p in owned])
+            out = []
+            for tpo in positions:
+                _, hi = consumer.get_watermark_offsets(
+                    TopicPartition(tpo.topic, tpo.partition), cached=True)
+                pos = tpo.offset
+                if pos < 0:  # nothing consumed yet from this partition: where it starts
+                    pos = self.start_offsets.get((tpo.topic, tpo.partition), -1)
+                known = hi is not None and hi >= 0 and pos >= 0
+                out.append({"topic": tpo.topic, "partition": tpo.partition,
+                            "position": pos if pos >= 0 else None,
+                            "end": hi if hi is not None and hi >= 0 else None,
+                            "lag": max(0, hi - pos) if known else None})
+            return out
+        except Exception:  # noqa: BLE001 - a closed consumer, a partition being reassigned
+            return None
+
     def close(self) -> None:
         if self._poller is not None:
             self._poller.stop()

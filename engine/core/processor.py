@@ -307,6 +307,13 @@ class Processor:
         """Called once before any other method."""
         self.context = context
 
+    def partition_lag(self) -> list[dict[str, Any]] | None:
+        """For a processor that reads partitions of a log (a Kafka source): per partition,
+        ``{"topic", "partition", "position", "end", "lag"}``, records behind the end of the
+        log, read without a call to the log's servers (the metrics and the dashboard show
+        it). None for every other processor."""
+        return None
+
     def is_cooperative(self) -> bool:
         """False for processors that block (I/O): they get a thread of their own."""
         return True

@@ -86,35 +86,11 @@ def vertex_gauges(coordinator) -> dict[str, dict[str, float]]:
     return out
 
 
-def kafka_consumer_lag(processor) -> int | None:
+def kafka_consumer_lag(processor: Any) -> int | None:
     """Records behind the end of the log, summed over the partitions a Kafka source processor
-    reads: the high watermark librdkafka last saw (cached: no broker call) minus the
-    consumer's position. None for other processors, or before the first fetch."""
-    consumer = getattr(processor, "consumer", None)
-    owned = getattr(processor, "owned", None)
-    if consumer is None or not owned or not hasattr(consumer, "get_watermark_offsets"):
-        return None
-    try:
-        from confluent_kafka import TopicPartition
-        tps = [TopicPartition(t, p) for t, p in list(owned)]
-        positions = consumer.position(tps)
-        lag, known = 0, False
-        for tpo in positions:
-            _, hi = consumer.get_watermark_offsets(TopicPartition(tpo.topic, tpo.partition),
-                                                   cached=True)
-            if hi is None or hi < 0:
-                continue
-            pos = tpo.offset
-            if pos < 0:  # nothing consumed yet from this partition
-                pos = getattr(processor, "start_offsets", {}).get((tpo.topic, tpo.partition),
-                                                                  -1)
-                if pos < 0:
-                    continue
-            lag += max(0, hi - pos)
-            known = True
-        return lag if known else None
-    except Exception:  # noqa: BLE001 - a closed consumer, a partition being reassigned
-        return None
+    reads (Processor.partition_lag). None for other processors, or before the first fetch."""
+    lags = [p["lag"] for p in processor.partition_lag() or () if p["lag"] is not None]
+    return sum(lags) if lags else None
 
 
 class JetwakeCollector:

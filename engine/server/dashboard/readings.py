@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from jetwake.engine.server.member import Member
 
 __all__ = ["ThroughputSampler", "sampler_of", "local_tasklets", "member_share",
-           "process_usage", "kafka_partition_lag", "merge_shares", "HISTORY_POINTS"]
+           "process_usage", "merge_shares", "HISTORY_POINTS"]
 
 _NO_WATERMARK = -(2**63)
 #: rate points a share carries (one a second): the sparklines' two minutes
@@ -41,35 +41,6 @@ def local_tasklets(member: "Member") -> dict[str, list]:
         if execution is not None and not execution.finished.is_set():
             out.setdefault(ex.job_id, []).extend(execution.tasklets)
     return out
-
-
-def kafka_partition_lag(processor: Any) -> list[dict] | None:
-    """Records behind the end of the log for every partition a Kafka source processor reads:
-    ``[{"topic", "partition", "position", "end", "lag"}]``, from the high watermark the
-    consumer last saw (cached: no broker call). None for other processors."""
-    consumer = getattr(processor, "consumer", None)
-    owned = getattr(processor, "owned", None)
-    if consumer is None or not owned or not hasattr(consumer, "get_watermark_offsets"):
-        return None
-    try:
-        from confluent_kafka import TopicPartition
-        positions = consumer.position([TopicPartition(t, p) for t, p in list(owned)])
-        out = []
-        for tpo in positions:
-            _, hi = consumer.get_watermark_offsets(TopicPartition(tpo.topic, tpo.partition),
-                                                   cached=True)
-            pos = tpo.offset
-            if pos < 0:  # nothing consumed yet from this partition: where it starts
-                pos = getattr(processor, "start_offsets", {}).get((tpo.topic, tpo.partition),
-                                                                  -1)
-            known = hi is not None and hi >= 0 and pos >= 0
-            out.append({"topic": tpo.topic, "partition": tpo.partition,
-                        "position": pos if pos >= 0 else None,
-                        "end": hi if hi is not None and hi >= 0 else None,
-                        "lag": max(0, hi - pos) if known else None})
-        return out
-    except Exception:  # noqa: BLE001 - a closed consumer, a partition being reassigned
-        return None
 
 
 def _vertex_readings(tasklets: list, now_ms: float) -> dict[str, dict]:
@@ -96,7 +67,7 @@ def _vertex_readings(tasklets: list, now_ms: float) -> dict[str, dict]:
         for key, value in list(t.context.metrics.items()):
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 v["counters"][key] = v["counters"].get(key, 0) + value
-        lags = kafka_partition_lag(t.processor)
+        lags = t.processor.partition_lag()
         if lags:
             v["kafka"].extend(lags)
     return out
