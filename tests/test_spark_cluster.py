@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support.ports import free_port
+from support.ports import free_port, free_ports
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -146,7 +146,8 @@ def standalone_cluster(tmp_path):
     pyspark = pytest.importorskip("pyspark")
     spark_home = os.path.dirname(pyspark.__file__)
     spark_class = os.path.join(spark_home, "bin", "spark-class")
-    port, web = free_port(), free_port()
+    # four ports at once: a worker's web UI must not take the master's before it binds it
+    port, web, *worker_webs = free_ports(4)
     env = {**os.environ, "SPARK_HOME": spark_home, "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(tmp_path),
            "SPARK_WORKER_DIR": str(tmp_path / "work")}
@@ -162,7 +163,7 @@ def standalone_cluster(tmp_path):
           str(port), "--webui-port", str(web), log="master.log")
     for i in range(2):
         start("org.apache.spark.deploy.worker.Worker", master, "--host", "127.0.0.1",
-              "--cores", "1", "--memory", "512m", "--webui-port", str(free_port()),
+              "--cores", "1", "--memory", "512m", "--webui-port", str(worker_webs[i]),
               log=f"worker{i}.log")
 
     def workers_registered() -> bool:
@@ -170,7 +171,7 @@ def standalone_cluster(tmp_path):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{web}/json/", timeout=2) as r:
                 return json.load(r).get("aliveworkers", 0) >= 2
-        except OSError:
+        except (OSError, ValueError):  # not up yet, or a page that is not the status yet
             return False
     try:
         wait_until(workers_registered, timeout=90, interval=0.5,
