@@ -16,13 +16,14 @@ from jetwake import JobConfig, JobStatus, Member, Pipeline, ProcessorMetaSupplie
 from support.snapshot_fixtures import CountingSource, RunningSum, running_sum_pipeline
 from support.waiting import wait_until
 
-# the old shutdown waited this long for a suspend before it marked the job to resume
-OLD_SUSPEND_WAIT_S = 30
+# how long the slow source takes to close: longer than every step of a shutdown takes when
+# its processors close at once (the record must not depend on how long they take)
+SLOW_CLOSE_S = 3
 
 
 class SlowClosingSource(CountingSource):
-    """Takes ``OLD_SUSPEND_WAIT_S + 1`` seconds to close while ``marker`` exists (a source
-    whose client is slow to disconnect)."""
+    """Takes ``SLOW_CLOSE_S`` seconds to close while ``marker`` exists (a source whose client
+    is slow to disconnect)."""
 
     def __init__(self, marker: str) -> None:
         super().__init__(None, cooperative=False)  # closes on its own thread
@@ -30,7 +31,7 @@ class SlowClosingSource(CountingSource):
 
     def close(self) -> None:
         if os.path.exists(self.marker):
-            time.sleep(OLD_SUSPEND_WAIT_S + 1)
+            time.sleep(SLOW_CLOSE_S)
 
 
 class BlockingInitSource(CountingSource):
@@ -105,7 +106,7 @@ def test_a_job_slow_to_stop_at_shutdown_is_not_left_suspended_for_good(tmp_path)
     m.shutdown()
     # once the job has really stopped, its record must still say it resumes
     wait_until(lambda: job.status == JobStatus.SUSPENDED, what="the job to stop",
-               timeout=OLD_SUSPEND_WAIT_S + 30)
+               timeout=SLOW_CLOSE_S + 30)
     assert recorded_status(data_dir, job.id) == "RUNNING"
     os.unlink(marker)
     with Member(data_dir) as m:
