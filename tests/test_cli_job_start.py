@@ -135,7 +135,7 @@ def test_a_submit_that_outlasts_its_timeout_says_the_job_is_still_starting(
     topic = missing_topic()
     t0 = time.monotonic()
     r = cli("submit", str(kafka_job_py), "--name", "slow-start", "--timeout", "1", "--",
-            kafka_bootstrap, topic, "12000", address=member.address)
+            kafka_bootstrap, topic, "5000", address=member.address)
     assert time.monotonic() - t0 < 10
     assert r.returncode == 1, (r.stdout, r.stderr)
     last = r.stderr.strip().splitlines()[-1]
