@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from jetwake import JobConfig, Member, Pipeline, Sinks, Sources
 from jetwake.engine.core.errors import PipelineError
 
 from support.kafka_broker import wait_for_topic
+from support.kafka_job import Proc
+from support.restores import restored_snapshots, wait_for_a_new_snapshot
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -224,3 +227,51 @@ def test_join_table_refuses_bad_arguments_when_the_pipeline_is_built():
         stream.map_using_map("m", lambda x: x, None)
     with pytest.raises(ValueError, match="map_name"):
         stream.map_using_map("", lambda x: x, lambda x, v: v)
+
+
+TABLE_JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support",
+                         "table_job_process.py")
+
+
+def test_the_table_is_restored_from_a_snapshot_after_the_member_is_killed(
+        kafka_bootstrap, compacted_topic, tmp_path):
+    """The table in RocksDB: the member process is SIGKILLed after a snapshot that holds it;
+    restarted, the job restores the table with the table source's offsets (so it does not read
+    the topic again) and joins the stream items produced meanwhile to it. Without the restored
+    table, the inner join would drop them all."""
+    table_topic, stream_topic = compacted_topic(2), compacted_topic(2, compacted=False)
+    out_topic = compacted_topic(1, compacted=False)
+    trecs, first, rest = table_records(), stream_records(200), stream_records(400)[200:]
+    table = latest(trecs)
+    produce_json(kafka_bootstrap, table_topic, trecs)
+    produce_json(kafka_bootstrap, stream_topic, first)
+    data = str(tmp_path / "member")
+    proc = Proc(data, kafka_bootstrap, stream_topic, table_topic, out_topic)
+    proc.args[1] = TABLE_JOB
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": uuid.uuid4().hex,
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([out_topic])
+    got: set = set()
+
+    def read(n: int) -> bool:
+        for msg in consumer.consume(1000, 0.2):
+            if not msg.error():
+                got.add(repr([msg.key().decode(), *json.loads(msg.value())]))
+        return len(got) >= n
+    try:
+        proc.start(wait_ready=True)
+        wait_until(lambda: read(len(joined(first, table, "inner"))), interval=0,
+                   what=lambda: f"the first items joined ({len(got)} so far)")
+        wait_for_a_new_snapshot(data)  # taken after the first items: it holds the table
+        proc.kill()
+        produce_json(kafka_bootstrap, stream_topic, rest)
+        proc.start()
+        everything = joined(first + rest, table, "inner")
+        wait_until(lambda: read(len(everything)), interval=0,
+                   what=lambda: f"{len(everything)} items joined ({len(got)} so far)\n"
+                                f"{proc._tail()[-3000:]}")
+    finally:
+        proc.kill()
+        consumer.close()
+    assert restored_snapshots(data), "the restarted job did not restore a snapshot"
+    assert got == {repr(x) for x in everything}
