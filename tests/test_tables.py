@@ -275,3 +275,36 @@ def test_the_table_is_restored_from_a_snapshot_after_the_member_is_killed(
         consumer.close()
     assert restored_snapshots(data), "the restarted job did not restore a snapshot"
     assert got == {repr(x) for x in everything}
+
+
+def test_map_using_map_looks_items_up_in_the_members_map_one_read_per_chunk(monkeypatch):
+    """Each item gets its key's value (None when absent: the item is kept or dropped by fn's
+    result); the map is read with one get_all per chunk of items, and lookups and misses are
+    counted."""
+    from jetwake.engine.data.named_maps import KeyValueMap
+
+    reads: list[int] = []
+    get_all = KeyValueMap.get_all
+
+    def counting_get_all(self, keys):
+        keys = list(keys)
+        reads.append(len(keys))
+        return get_all(self, keys)
+    monkeypatch.setattr(KeyValueMap, "get_all", counting_get_all)
+    items = [f"w{i % 50}" for i in range(5000)]
+    prices = {f"w{i}": i for i in range(0, 50, 2)}
+    p = Pipeline()
+    (p.read_from(Sources.items(items))
+        .map_using_map("prices", lambda w: w,
+                       lambda w, price: None if w == "w1" else (w, price))
+        .write_to(Sinks.list("priced")))
+    with Member() as m:
+        m.get_map("prices").put_all(prices)
+        job = m.new_job(p)
+        job.join(timeout=60)
+        got = sorted(m.get_list("priced"))
+        metrics = job.metrics()["map-using-map"]
+    assert got == sorted((w, prices.get(w)) for w in items if w != "w1")
+    assert metrics["map_lookups"] == len(items)
+    assert metrics["map_misses"] == sum(w not in prices for w in items)
+    assert sum(reads) == len(items) and len(reads) < len(items) / 100
