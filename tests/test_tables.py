@@ -308,3 +308,15 @@ def test_map_using_map_looks_items_up_in_the_members_map_one_read_per_chunk(monk
     assert metrics["map_lookups"] == len(items)
     assert metrics["map_misses"] == sum(w not in prices for w in items)
     assert sum(reads) == len(items) and len(reads) < len(items) / 100
+
+
+def test_map_using_map_after_group_by_looks_the_grouping_key_up():
+    p = Pipeline()
+    (p.read_from(Sources.items([("a", 1), ("b", 2), ("c", 3)]))
+        .group_by(lambda kv: kv[0])
+        .map_using_map("factors", lambda kv, factor: (kv[0], kv[1] * (factor or 0)))
+        .write_to(Sinks.list("scaled")))
+    with Member(local_parallelism=2) as m:
+        m.get_map("factors").put_all({"a": 10, "b": 100})
+        m.new_job(p).join(timeout=60)
+        assert sorted(m.get_list("scaled")) == [("a", 10), ("b", 200), ("c", 0)]

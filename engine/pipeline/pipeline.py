@@ -456,6 +456,19 @@ class GroupedStage:
                                                      self.key_fn, ttl, on_evict),
                                 "map-stateful")
 
+    def map_using_map(self, map_name: str, fn: Callable[[Any, Any], Any]) -> Stage:
+        """``fn(item, value)`` with the named map's value for the item's grouping key (None
+        when absent), as ``Stage.map_using_map`` (Jet's ``mapUsingIMap`` after
+        ``groupingKey``); the items reach the processor owning their key's partition."""
+        where = f"group_by().map_using_map() after stage {self.stage.name!r}"
+        if not isinstance(map_name, str) or not map_name.strip():
+            raise ValueError(f"{where}: map_name must be the non-empty name of a map, got "
+                             f"{map_name!r}")
+        check_fn(fn, f"{where}: fn")
+        return self.stage._next(MapUsingMapTransform(self.stage.transform, map_name,
+                                                     self.key_fn, fn, partitioned=True),
+                                "map-using-map", keeps_timestamps=False)
+
     def distinct(self) -> Stage:
         """The first item of each key."""
         return self.stage._next(DistinctTransform(self.stage.transform, self.key_fn),

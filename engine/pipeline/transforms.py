@@ -291,11 +291,12 @@ class MapUsingMapTransform(Transform):
     kind = "map-using-map"
 
     def __init__(self, upstream: Transform, map_name: str, key_fn: Callable[[Any], Any],
-                 fn: Callable[[Any, Any], Any]) -> None:
+                 fn: Callable[[Any, Any], Any], partitioned: bool = False) -> None:
         super().__init__([upstream])
         self.map_name = map_name
         self.key_fn = key_fn
         self.fn = fn
+        self.partitioned = partitioned  # after group_by: items routed by their key
 
     def add_to_spark(self, backfill: Translator) -> StageOut | None:
         return backfill.map_using_map(self)
@@ -303,7 +304,11 @@ class MapUsingMapTransform(Transform):
     def add_to_dag(self, planner: Planner) -> None:
         name, map_name, key_fn, fn = self.name, self.map_name, self.key_fn, self.fn
         v = planner.vertex(name, lambda: MapLookupProcessor(name, map_name, key_fn, fn), self)
-        planner.connect(self, self.upstream[0], v)
+        if self.partitioned:
+            planner.connect(self, self.upstream[0], v,
+                            lambda e: e.distributed().partitioned(key_fn))
+        else:
+            planner.connect(self, self.upstream[0], v)
         planner.set_output(self, Output(v))
 
 
