@@ -7,7 +7,7 @@ itself; if the directory holds no job yet, the script submits
 
     Kafka(STREAM).join_table(Kafka table(TABLE)) -> Kafka(OUT)
 
-(partitioned, inner, the table in RocksDB, at-least-once, snapshots every 200 ms): each stream
+(partitioned, inner, the table in RocksDB, exactly-once, snapshots every 200 ms): each stream
 record ``k -> {"n": i}`` gives ``k -> [i, table value of k]``. Then it prints READY and sleeps
 until killed.
 """
@@ -43,7 +43,7 @@ def main() -> None:
           .set_name("joined")
           .write_to(Sinks.kafka(out, props, key_fn=lambda kv: kv[0], value_fn=lambda kv: kv[1],
                                 key_serializer="str", value_serializer="json")))
-        member.new_job(p, JobConfig(name="tables", processing_guarantee="at_least_once",
+        member.new_job(p, JobConfig(name="tables", processing_guarantee="exactly_once",
                                     snapshot_interval_ms=200, state_backend="rocksdb"))
     print("READY", flush=True)
     while True:
