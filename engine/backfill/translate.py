@@ -26,7 +26,8 @@ from jetwake.engine.operations.watermark_policy import NO_WATERMARK
 from jetwake.engine.pipeline.pipeline import Pipeline
 from jetwake.engine.pipeline.spark_form import NotOnSpark
 from jetwake.engine.pipeline.transforms import (
-    JoinTableTransform, MapStatefulTransform, MapUsingMapTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
+    MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
+    JoinTableTransform, MapUsingMapTransform,
     SideSinkTransform, SinkTransform, SourceTransform, StatelessTransform, Transform,
 )
 from jetwake.engine.processors.map_stateful import MapStatefulEntries

@@ -22,7 +22,8 @@ from jetwake.engine.pipeline.connector import Sink, Source, native_pair_timestam
 from jetwake.engine.pipeline.planner import Planner
 from jetwake.engine.pipeline.transforms import (
     AggregateTransform, CustomTransform, DistinctTransform, HashJoinTransform,
-    JoinTableTransform, MapStatefulTransform, MapUsingMapTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
+    MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
+    JoinTableTransform, MapUsingMapTransform,
     SideSinkTransform, SinkTransform, SortTransform, SourceTransform, StatelessTransform,
     TimestampTransform, Transform, WindowAggregateTransform,
 )

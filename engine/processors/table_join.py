@@ -175,10 +175,6 @@ class TableEntries:
         return saved_key.key[1] if type(saved_key) is BroadcastKey else saved_key
 
 
-def pair_value(pair: tuple[Any, Any]) -> Any:
-    return pair[1]
-
-
 class TableJoinProcessor(Processor):
     """See the module docstring."""
 
