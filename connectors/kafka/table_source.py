@@ -55,9 +55,9 @@ def check_compacted(admin: Any, topic: str, where: str, timeout: float = 10.0) -
     log.warning(
         "%s: topic %r has cleanup.policy=%s, not compact: Kafka deletes its old records by age, "
         "so a restarted job would rebuild a table missing the keys not written lately. Make it "
-        "compacted: kafka-configs --bootstrap-server HOST:PORT --alter --entity-type topics "
-        "--entity-name %s --add-config cleanup.policy=compact (or create it with "
-        "--config cleanup.policy=compact)", where, topic, policy, topic)
+        "compacted: kafka-configs --alter --add-config cleanup.policy=compact --entity-type "
+        "topics --entity-name %s --bootstrap-server HOST:PORT (or create it compacted: "
+        "kafka-topics --create --config cleanup.policy=compact)", where, topic, policy, topic)
     return False
 
 
