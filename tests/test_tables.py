@@ -320,3 +320,13 @@ def test_map_using_map_after_group_by_looks_the_grouping_key_up():
         m.get_map("factors").put_all({"a": 10, "b": 100})
         m.new_job(p).join(timeout=60)
         assert sorted(m.get_list("scaled")) == [("a", 10), ("b", 200), ("c", 0)]
+    # the key looked up may also be given, as Stage.map_using_map takes it
+    p = Pipeline()
+    (p.read_from(Sources.items([("a", "x"), ("b", "y")]))
+        .group_by(lambda kv: kv[0])
+        .map_using_map("names", lambda kv: kv[1], lambda kv, name: (kv[0], name))
+        .write_to(Sinks.list("named")))
+    with Member(local_parallelism=2) as m:
+        m.get_map("names").put_all({"x": "ex"})
+        m.new_job(p).join(timeout=60)
+        assert sorted(m.get_list("named")) == [("a", "ex"), ("b", None)]

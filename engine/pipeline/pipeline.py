@@ -457,17 +457,26 @@ class GroupedStage:
                                                      self.key_fn, ttl, on_evict),
                                 "map-stateful")
 
-    def map_using_map(self, map_name: str, fn: Callable[[Any, Any], Any]) -> Stage:
+    def map_using_map(self, map_name: str, key_fn: Callable[[Any], Any] | None = None,
+                      fn: Callable[[Any, Any], Any] | None = None) -> Stage:
         """``fn(item, value)`` with the named map's value for the item's grouping key (None
         when absent), as ``Stage.map_using_map`` (Jet's ``mapUsingIMap`` after
-        ``groupingKey``); the items reach the processor owning their key's partition."""
+        ``groupingKey``): ``map_using_map(map_name, fn)``; with ``key_fn`` as well
+        (``map_using_map(map_name, key_fn, fn)``) the map is read by ``key_fn(item)``. The
+        items reach the processor owning their grouping key's partition."""
         where = f"group_by().map_using_map() after stage {self.stage.name!r}"
+        if fn is None:
+            key_fn, fn = None, key_fn
         if not isinstance(map_name, str) or not map_name.strip():
             raise ValueError(f"{where}: map_name must be the non-empty name of a map, got "
                              f"{map_name!r}")
         check_fn(fn, f"{where}: fn")
+        if key_fn is not None:
+            check_fn(key_fn, f"{where}: key_fn")
+        assert fn is not None  # checked
         return self.stage._next(MapUsingMapTransform(self.stage.transform, map_name,
-                                                     self.key_fn, fn, partitioned=True),
+                                                     key_fn or self.key_fn, fn,
+                                                     partition_fn=self.key_fn),
                                 "map-using-map", keeps_timestamps=False)
 
     def distinct(self) -> Stage:

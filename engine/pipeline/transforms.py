@@ -291,12 +291,13 @@ class MapUsingMapTransform(Transform):
     kind = "map-using-map"
 
     def __init__(self, upstream: Transform, map_name: str, key_fn: Callable[[Any], Any],
-                 fn: Callable[[Any, Any], Any], partitioned: bool = False) -> None:
+                 fn: Callable[[Any, Any], Any],
+                 partition_fn: Callable[[Any], Any] | None = None) -> None:
         super().__init__([upstream])
         self.map_name = map_name
         self.key_fn = key_fn
         self.fn = fn
-        self.partitioned = partitioned  # after group_by: items routed by their key
+        self.partition_fn = partition_fn  # after group_by: items routed by their grouping key
 
     def add_to_spark(self, backfill: Translator) -> StageOut | None:
         return backfill.map_using_map(self)
@@ -304,9 +305,10 @@ class MapUsingMapTransform(Transform):
     def add_to_dag(self, planner: Planner) -> None:
         name, map_name, key_fn, fn = self.name, self.map_name, self.key_fn, self.fn
         v = planner.vertex(name, lambda: MapLookupProcessor(name, map_name, key_fn, fn), self)
-        if self.partitioned:
+        partition_fn = self.partition_fn
+        if partition_fn is not None:
             planner.connect(self, self.upstream[0], v,
-                            lambda e: e.distributed().partitioned(key_fn))
+                            lambda e: e.distributed().partitioned(partition_fn))
         else:
             planner.connect(self, self.upstream[0], v)
         planner.set_output(self, Output(v))
