@@ -164,6 +164,11 @@ def test_table_changes_reach_items_that_come_later(kafka_bootstrap, compacted_to
         wait_until(lambda: len(out) == 2, what="the first two items")
         produce_json(kafka_bootstrap, table_topic, [("a", 10), ("b", None)])
         wait_until(lambda: len(changelog) == 4, what="the table's four changes")
+
+        def applied() -> bool:
+            m = job.metrics()["join-table"]
+            return m["table_updates"] == 3 and m["table_deletes"] == 1
+        wait_until(applied, what="the join to apply the changes")
         produce_json(kafka_bootstrap, stream_topic, [("a", 3), ("b", 4)])
         wait_until(lambda: len(out) == 4, what="the last two items")
         job.cancel()

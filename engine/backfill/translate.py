@@ -385,6 +385,8 @@ class Translator:
             count("table_deletes", deletes)
             return iter(values.items())
         table_kv = table.items(self.counters).mapPartitions(latest)
+        if self.export_state and not t.broadcast:
+            table_kv = table_kv.persist()  # joined and handed off: built once
         if t.broadcast:
             values = dict(table_kv.collect())
             shared = self.sc.broadcast(values)
