@@ -335,3 +335,14 @@ def test_map_using_map_after_group_by_looks_the_grouping_key_up():
         m.get_map("names").put_all({"x": "ex"})
         m.new_job(p).join(timeout=60)
         assert sorted(m.get_list("named")) == [("a", "ex"), ("b", None)]
+
+
+def test_the_ready_markers_reach_every_partition_of_a_partitioned_edge():
+    """A table source processor sends one marker per partition: whichever processors own the
+    partitions, on however many members, each hears from it."""
+    from jetwake.engine.core.partitioning import PARTITION_COUNT, partition_of
+    from jetwake.engine.processors.table_join import ready_markers, table_route_key
+
+    markers = ready_markers(3, 4)
+    assert {partition_of(table_route_key(m)) for m in markers} == set(range(PARTITION_COUNT))
+    assert {(m.source, m.sources) for m in markers} == {(3, 4)}
