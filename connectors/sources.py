@@ -188,3 +188,40 @@ class Sources:
                       timestamp_fn=native_pair_timestamp, partitioned=True,
                       spark=KafkaSparkReader(topic_list, props, start, kd, vd, projection,
                                              on_error, dlq))
+
+    @staticmethod
+    def kafka_table(topic: str, props: dict, key_deserializer: Any = None,
+                    value_deserializer: Any = None) -> Source:
+        """A table kept current by the compacted Kafka ``topic``: a stream of ``(key, value)``
+        changes, the latest value per key, where a tombstone (a record without a value) gives
+        ``(key, None)`` and deletes the key. Read from the topic's beginning; the offsets are
+        saved in snapshots as ``Sources.kafka``'s. Join a stream to it with
+        ``Stage.join_table`` (docs/enrichment.md, "Tables").
+
+        ``props``: librdkafka consumer settings, as for ``Sources.kafka``. Deserializers: None
+        (raw bytes), "str", "json", "msgpack" or a callable, as for ``Sources.kafka``. When the
+        job starts, a missing topic fails it with the command that creates it compacted, and
+        a topic whose cleanup.policy is not compact logs a warning with the fix.
+        """
+        from jetwake.connectors.kafka.properties import source_properties
+        from jetwake.connectors.kafka.serde import make_deserializer
+        from jetwake.connectors.kafka.spark import KafkaSparkReader
+        from jetwake.connectors.kafka.table_source import KafkaTableSourceProcessor
+
+        where = "Sources.kafka_table()"
+        if not isinstance(topic, str) or not topic.strip():
+            raise ValueError(f"{where}: topic must be a topic name (one compacted topic), got "
+                             f"{topic!r}")
+        kprops, opts = source_properties(props, where)
+        kd = make_deserializer(key_deserializer, f"{where} key_deserializer")
+        vd = make_deserializer(value_deserializer, f"{where} value_deserializer")
+
+        def make() -> KafkaTableSourceProcessor:
+            return KafkaTableSourceProcessor(topic, kprops, opts, kd, vd)
+
+        source = Source(f"kafka-table-{topic}"[:120], ProcessorMetaSupplier.of(make),
+                        is_stream=True,
+                        spark=KafkaSparkReader([topic], kprops, "earliest", kd, vd, None,
+                                               "fail", None))
+        source.table_changelog = True
+        return source

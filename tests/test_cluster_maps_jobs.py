@@ -99,3 +99,72 @@ def test_a_map_journal_job_resumed_after_a_suspend_gives_every_event_once(
         got = seen(m)
         assert sorted(got) == list(range(1001)), \
             f"duplicates: {[v for v, n in Counter(got).items() if n > 1][:10]}"
+
+
+def test_map_using_map_on_three_members_reads_the_clusters_map(
+        three: ClusterProcesses, tmp_path: Path) -> None:
+    """Items spread over the three members are each looked up in the cluster's map, which a
+    client of one member wrote: a member's own map would answer None."""
+    a, b, c = three.members
+    prices = {f"w{i}": i * 10 for i in range(0, 97, 2)}
+    with a.client() as client:
+        client.get_map("prices").put_all(prices)
+    _submit(three, b, tmp_path, "priced", f"""
+        from jetwake import Pipeline, Sinks, Sources
+        pipeline = Pipeline()
+        (pipeline.read_from(Sources.items({WORDS[:600]!r}))
+            .rebalance()
+            .map_using_map("prices", lambda w: w, lambda w, price: (w, price))
+            .write_to(Sinks.list("priced")))
+    """)
+    wait_until(lambda: _status(three, c, "priced") == "COMPLETED",
+               what="the lookup job to complete", timeout=60, interval=0.2)
+    with c.client() as client:
+        priced = client.get_list("priced").to_list()
+    assert sorted(tuple(x) for x in priced) == sorted((w, prices.get(w)) for w in WORDS[:600])
+
+
+def test_join_table_on_three_members_joins_each_item_to_the_whole_table(
+        three: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
+    """A table from a compacted topic joined on three members, partitioned and broadcast: every
+    join processor waits for the "table ready" markers of the table source processors of all
+    three members (one of which reads no partition), so each item meets the whole table."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from support.kafka_broker import wait_for_topic
+    from test_tables import joined, latest, produce_json, stream_records, table_records
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    table_topic, stream_topic = f"tables-{tmp_path.name}-t", f"tables-{tmp_path.name}-s"
+    for topic, n, policy in ((table_topic, 2, "compact"), (stream_topic, 3, "delete")):
+        admin.create_topics([NewTopic(topic, n, 1, config={"cleanup.policy": policy})])[
+            topic].result(60)
+        wait_for_topic(admin, topic, n)
+    trecs, srecs = table_records(), stream_records(300)
+    produce_json(kafka_bootstrap, table_topic, trecs)
+    produce_json(kafka_bootstrap, stream_topic, srecs)
+    a, b, c = three.members
+    _submit(three, a, tmp_path, "joined", f"""
+        from jetwake import Pipeline, Sinks, Sources
+        props = {{"bootstrap.servers": {kafka_bootstrap!r}}}
+        pipeline = Pipeline()
+        table = pipeline.read_from(Sources.kafka_table({table_topic!r}, props,
+                                   key_deserializer="str", value_deserializer="json"))
+        stream = pipeline.read_from(Sources.kafka({stream_topic!r}, props,
+                                    key_deserializer="str", value_deserializer="json"))
+        pair = lambda kv, value: [kv[0], kv[1]["n"], value]
+        stream.join_table(table, lambda kv: kv[0], pair).write_to(Sinks.list("joined"))
+        stream.join_table(table, lambda kv: kv[0], pair, how="left", broadcast=True) \\
+            .write_to(Sinks.list("joined-global"))
+    """)
+    table = latest(trecs)
+    want = {"joined": joined(srecs, table, "inner"), "joined-global": joined(srecs, table, "left")}
+
+    def got(name: str) -> list:
+        with b.client() as client:
+            return sorted((list(x) for x in client.get_list(name).to_list()), key=repr)
+    wait_until(lambda: all(len(got(n)) >= len(w) for n, w in want.items()),
+               what="every item joined", timeout=60, interval=0.2)
+    three.cli(c, "cancel", "joined")
+    for name, expected in want.items():
+        assert got(name) == expected, name

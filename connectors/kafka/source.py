@@ -129,6 +129,10 @@ class MetadataPoller:
 
 
 class KafkaSourceProcessor(Processor, PartitionedSource):
+    #: how errors name the source, and what they tell to do about a missing topic
+    where = "Sources.kafka()"
+    missing_topic_fix = "create them first"
+
     def __init__(self, topics: Sequence[str], properties: dict, options: dict,
                  key_deserializer: Callable | None, value_deserializer: Callable | None,
                  start: Any, projection: Callable | None, on_error: str,
@@ -219,10 +223,10 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
             cause = e.last_attempt.exception()
             if isinstance(cause, _Missing):
                 raise KafkaSourceError(
-                    f"Sources.kafka(): topic(s) {cause.topics} do not exist on "
-                    f"{servers} (waited {limit:.0f} s); create them first") from None
+                    f"{self.where}: topic(s) {cause.topics} do not exist on "
+                    f"{servers} (waited {limit:.0f} s); {self.missing_topic_fix}") from None
             unreachable = KafkaSourceError(
-                f"Sources.kafka(): the Kafka brokers at {servers} did not answer within "
+                f"{self.where}: the Kafka brokers at {servers} did not answer within "
                 f"{limit:.0f} s (jetwake.startup.timeout.ms): {cause}")
             unreachable.restartable = True  # brokers come back: the engine retries the start
             raise unreachable from None
@@ -318,7 +322,7 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
                     return fn()
         except Exception as e:
             raise KafkaSourceError(
-                f"Sources.kafka(): looking up start offsets on "
+                f"{self.where}: looking up start offsets on "
                 f"{self.properties.get('bootstrap.servers')} failed for {limit:.0f} s: "
                 f"{e}") from e
 

@@ -27,9 +27,12 @@ from jetwake.engine.pipeline.pipeline import Pipeline
 from jetwake.engine.pipeline.spark_form import NotOnSpark
 from jetwake.engine.pipeline.transforms import (
     MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
+    JoinTableTransform, MapUsingMapTransform,
     SideSinkTransform, SinkTransform, SourceTransform, StatelessTransform, Transform,
 )
 from jetwake.engine.processors.map_stateful import MapStatefulEntries
+from jetwake.engine.processors.map_lookup import MapLookup
+from jetwake.engine.processors.table_join import TableEntries, TableJoinRule, apply_changes
 from jetwake.engine.backfill import aggregations, event_time, keyed, windows
 from jetwake.engine.backfill.chunks import chunked, stateless_chunk_function
 from jetwake.engine.backfill.connector_forms import SparkReader, SparkWriter
@@ -340,6 +343,85 @@ class Translator:
                         timestamped=all(u.timestamped for u in ups),
                         unbounded=any(u.unbounded for u in ups), cut=min(cuts) if cuts else None)
 
+    # --- tables and maps (docs/enrichment.md, "Tables") --------------------------------------
+
+    def map_using_map(self, t: MapUsingMapTransform) -> StageOut:
+        """``map_using_map``: the map's contents read once from the member given to the run
+        and broadcast to the tasks, each chunk looked up as the member's processor looks it up
+        (``MapLookup``)."""
+        if self.member is None:
+            raise PipelineError(
+                f"stage {t.name!r} (map_using_map({t.map_name!r})) reads a member's map: pass "
+                "member= (the Member or a Client of the member that holds the map) to run()")
+        contents = self.sc.broadcast(dict(self.member.get_map(t.map_name).items()))
+        lookup, count = MapLookup(t.key_fn, t.fn), self.task_counter()
+        up = self.outs[id(t.upstream[0])]
+
+        def apply(chunk: list) -> list:
+            table = contents.value
+            out, misses = lookup.apply(chunk, lambda keys: {k: table[k] for k in keys
+                                                            if k in table})
+            count("map_lookups", len(chunk))
+            count("map_misses", misses)
+            return out
+        return StageOut(_plain_chunks(up, self.counters).map(apply, preservesPartitioning=True),
+                        unbounded=up.unbounded)
+
+    def join_table(self, t: JoinTableTransform) -> StageOut:
+        """``join_table``: the table is its topic read up to the run's ``until`` (what a
+        first start's bootstrap reads), its changes applied in offset order in each Kafka
+        partition's task (``apply_changes``); each stream item is joined to it by the member's
+        rule (``TableJoinRule``). Partitioned: the stream and the table grouped by key;
+        broadcast: the table collected once and broadcast to the tasks. A hand-off holds the
+        table as the join processor saves it (``TableEntries``), and the table source's
+        offsets (its Kafka reader's entry)."""
+        stream, table = (self.outs[id(u)] for u in t.upstream)
+        rule, name, count = TableJoinRule(t.key_fn, t.fn, t.how), t.name, self.task_counter()
+
+        def latest(items: Iterator) -> Iterator:
+            values: dict = {}
+            updates, deletes = apply_changes(values, items)
+            count("table_updates", updates)
+            count("table_deletes", deletes)
+            return iter(values.items())
+        table_kv = table.items(self.counters).mapPartitions(latest)
+        if self.export_state and not t.broadcast:
+            table_kv = table_kv.persist()  # joined and handed off: built once
+        if t.broadcast:
+            values = dict(table_kv.collect())
+            shared = self.sc.broadcast(values)
+
+            def join(chunk: list) -> list:
+                out, hits, misses = rule.join(chunk, shared.value.get)
+                count("table_hits", hits)
+                count("table_misses", misses)
+                return out
+            if self.export_state:
+                self.driver_state.extend((name, *TableEntries.entry(k, v, True))
+                                         for k, v in values.items())
+            return StageOut(_plain_chunks(stream, self.counters).map(
+                join, preservesPartitioning=True), unbounded=stream.unbounded)
+        key_fn = t.key_fn
+
+        def join_groups(groups: Iterator) -> Iterator[list]:
+            out: list = []
+            hits = misses = 0
+            for _, (items, found) in groups:
+                value = next(iter(found), None)
+                r, h, m = rule.join(items, lambda _: value)
+                out.extend(r)
+                hits += h
+                misses += m
+            count("table_hits", hits)
+            count("table_misses", misses)
+            return chunked(out)
+        grouped = stream.items(self.counters).map(lambda x: (key_fn(x), x)) \
+            .cogroup(table_kv, numPartitions=self.partitions)
+        if self.export_state:
+            self.state_rdds.append(table_kv.map(
+                lambda kv: (name, *TableEntries.entry(kv[0], kv[1], False))))
+        return StageOut(grouped.mapPartitions(join_groups), unbounded=stream.unbounded)
+
     # --- keyed and aggregating ---------------------------------------------------------------
 
     def rolling_aggregate(self, t: RollingAggregateTransform) -> StageOut:
@@ -369,6 +451,12 @@ class Translator:
                         cut=up.cut, last_watermark=up.last_watermark)
 
 
+
+
+def _plain_chunks(up: StageOut, counters: Any) -> Any:
+    """``up``'s chunks as items (times and watermarks taken off)."""
+    rdd = up.chunks(counters)
+    return rdd.map(_untimed, preservesPartitioning=True) if up.timed else rdd
 
 
 def _watermark_unknown(chunk: list) -> list:

@@ -693,6 +693,14 @@ class ClusterMap(MapSurface):
         with self._view.cond:
             return self._view.parts[partition].get(kb)
 
+    remote_reads = True
+
+    def _read_many(self, keys: list[tuple[int, bytes]]) -> list[bytes | None]:
+        self._owner._catch_up(self._view)  # once for all the keys
+        with self._view.cond:
+            parts = self._view.parts
+            return [parts[p].get(kb) for p, kb in keys]
+
     def _modify(self, partition: int, kb: bytes, change: Change) -> bytes | None:
         with self._rmw:
             old = self._read(partition, kb)

@@ -303,6 +303,12 @@ class Processor:
     #: already be visible, unless the job accepts at-least-once for that restore.
     transactional_sink: bool = False
 
+    #: the input ordinals whose items the processor does not take now: the engine leaves them
+    #: queued (their queues fill and backpressure upstream) and drains the other inputs. A
+    #: processor that must first read another input to a signal sets it (a table join waits
+    #: for its table); the engine reads it before each drain.
+    paused_inputs: frozenset[int] = frozenset()
+
     def init(self, context: ProcessorContext) -> None:
         """Called once before any other method."""
         self.context = context

@@ -76,6 +76,10 @@ class MapSurface(MutableMapping[Any, Any]):
 
     _MISSING = object()
 
+    #: whether a read may wait for the network (a cluster's map asks Kafka for its topic's
+    #: end first): a processor reading such a map runs on a thread of its own
+    remote_reads = False
+
     def __init__(self, name: str) -> None:
         self._name = name
 
@@ -114,6 +118,19 @@ class MapSurface(MutableMapping[Any, Any]):
         """The value of ``key``, or ``default``."""
         vb = self._read(*_key_bytes(key))
         return default if vb is None else loads(vb)
+
+    def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
+        """The values of those of ``keys`` the map holds, as a dict, read at once: a cluster's
+        map catches up with its topic once for all of them, not once per key (Jet's
+        ``getAll``)."""
+        wanted = list(dict.fromkeys(keys))
+        found = self._read_many([_key_bytes(k) for k in wanted])
+        return {k: loads(vb) for k, vb in zip(wanted, found) if vb is not None}
+
+    def _read_many(self, keys: list[tuple[int, bytes]]) -> list[bytes | None]:
+        """The serialized values of ``(partition, serialized key)`` pairs, in order (None:
+        absent); one :meth:`_read` each unless the map reads them together."""
+        return [self._read(p, kb) for p, kb in keys]
 
     def __getitem__(self, key: Any) -> Any:
         vb = self._read(*_key_bytes(key))

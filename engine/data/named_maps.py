@@ -298,6 +298,11 @@ class KeyValueMap(MapSurface):
         with self._lock:
             return self._storage.get(sk)
 
+    def _read_many(self, keys: list[tuple[int, bytes]]) -> list[bytes | None]:
+        get = self._storage.get
+        with self._lock:  # one point in time for all the keys
+            return [get(_storage_key(p, kb)) for p, kb in keys]
+
     def _modify(self, partition: int, kb: bytes, change: Change) -> bytes | None:
         sk = _storage_key(partition, kb)
         with self._lock:

@@ -176,9 +176,10 @@ class ProcessorTasklet:
         group = self._groups[self._group]
         n = len(group)
         progress = False
+        paused = self.processor.paused_inputs
         for k in range(n):
             stream = group[(self._stream_rr + k) % n]
-            if stream.is_done:
+            if stream.is_done or (paused and stream.ordinal in paused):
                 continue
             items: list[Any] = []
             moved, wm = stream.drain(items, DRAIN_LIMIT)

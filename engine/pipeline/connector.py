@@ -42,6 +42,11 @@ class Source:
     source of the user's own) is refused by the backfill as a source without a Spark form.
     """
 
+    #: the source emits a table's changelog with the "table ready" markers of a table join's
+    #: bootstrap (``Sources.kafka_table``, engine/processors/table_join.py); the planner takes
+    #: the markers out for any other consumer
+    table_changelog = False
+
     def __init__(self, name: str, processor: Any, *, is_stream: bool = False,
                  timestamp_fn: Callable[[Any], int] | None = None,
                  emits_watermarks: bool = False, partitioned: bool = False,

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from jetwake.engine.core.edge_transform import EdgeTransform
 from jetwake.engine.pipeline.event_time import adapt_to_timestamped, unwrap
+from jetwake.engine.processors.table_join import drop_table_markers
 
 __all__ = ["FusedStep", "FusedChain", "stateless_function", "stateless_step",
            "unwrap_step", "internal_step", "note_stage", "stage_of_note", "fused_stage_of"]
@@ -89,6 +90,12 @@ def unwrap_step(stage: str) -> FusedStep:
     """The step that takes the timestamps off the values ``stage`` emits, for a consumer that
     works on items."""
     return FusedStep(stage, "removing timestamps", unwrap, user_stage=False)
+
+
+def changelog_step(stage: str) -> FusedStep:
+    """The step that turns a table source's changelog (``ItemForm.TABLE_CHANGELOG``) into its
+    ``(key, value)`` items, for a consumer that is not a table join."""
+    return FusedStep(stage, "reading a table changelog", drop_table_markers, user_stage=False)
 
 
 def internal_step(stage: str, kind: str, fn: Callable[[Any], Any]) -> FusedStep:

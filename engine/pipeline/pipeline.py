@@ -23,6 +23,7 @@ from jetwake.engine.pipeline.planner import Planner
 from jetwake.engine.pipeline.transforms import (
     AggregateTransform, CustomTransform, DistinctTransform, HashJoinTransform,
     MapStatefulTransform, MergeTransform, RebalanceTransform, RollingAggregateTransform,
+    JoinTableTransform, MapUsingMapTransform,
     SideSinkTransform, SinkTransform, SortTransform, SourceTransform, StatelessTransform,
     TimestampTransform, Transform, WindowAggregateTransform,
 )
@@ -318,6 +319,62 @@ class Stage(_StageBase):
                               build_value_fn, join_fn, bool(outer))
         return self._next(t, "hash-join", keeps_timestamps=False)
 
+    # --- tables and maps (docs/enrichment.md, "Tables") -------------------------------------
+
+    def map_using_map(self, map_name: str, key_fn: Callable[[Any], Any],
+                      fn: Callable[[Any, Any], Any]) -> "Stage":
+        """``fn(item, value)`` for each item, ``value`` being the named map's value for
+        ``key_fn(item)`` (None when absent); a None result drops the item. The map is the
+        member's (in a cluster, the cluster's) map, read as it is when the item passes, one
+        ``get_all`` per chunk of items. Metrics: ``map_lookups``, ``map_misses``."""
+        where = f"map_using_map() after stage {self.name!r}"
+        if not isinstance(map_name, str) or not map_name.strip():
+            raise ValueError(f"{where}: map_name must be the non-empty name of a map, got "
+                             f"{map_name!r}")
+        check_fn(key_fn, f"{where}: key_fn")
+        check_fn(fn, f"{where}: fn")
+        return self._next(MapUsingMapTransform(self.transform, map_name, key_fn, fn),
+                          "map-using-map", keeps_timestamps=False)
+
+    def join_table(self, table_stage: "Stage", key_fn: Callable[[Any], Any],
+                   fn: Callable[[Any, Any], Any] | None = None, *, how: str = "inner",
+                   broadcast: bool = False, bootstrap: bool = True) -> "Stage":
+        """Joins each item to the current value of ``key_fn(item)`` in the table that
+        ``table_stage`` (a ``Sources.kafka_table`` source stage) keeps: ``fn(item, value)``,
+        by default the pair ``(item, value)``; a None result is dropped.
+
+        ``how``: "inner" (the default, Kafka Streams' ``join``) drops items whose key has no
+        value; "left" (``leftJoin``) emits ``fn(item, None)`` for them. ``broadcast``: False
+        (the default, a KTable) partitions the table and the stream by key, so the stream's
+        keys must equal the table's (same value and type); True (a GlobalKTable) gives every
+        processor the whole table and leaves the stream where it is. ``bootstrap``: True (the
+        default) holds the stream back on a first start until the table is read to its end
+        offsets as of the start; False joins from the first item against the table read so
+        far. The table lives in keyed state (RocksDB with ``JobConfig(state_backend=
+        "rocksdb")``) and is saved in snapshots. The result has no timestamps.
+        Metrics: ``table_entries``, ``table_hits``, ``table_misses``, ``table_updates``,
+        ``table_deletes``.
+        """
+        where = f"join_table() after stage {self.name!r}"
+        self._check_same_pipeline(table_stage, where)
+        t = table_stage.transform
+        if not isinstance(t, SourceTransform) or not t.source.table_changelog:
+            raise PipelineError(
+                f"{where}: the table stage {table_stage.name!r} is not a table; pass the stage "
+                "that reads it, p.read_from(Sources.kafka_table(topic, props)), itself (to "
+                "change the table's values, do it in fn)")
+        check_fn(key_fn, f"{where}: key_fn")
+        if fn is None:
+            fn = _table_pair
+        check_fn(fn, f"{where}: fn")
+        if how not in ("inner", "left"):
+            raise ValueError(f"{where}: how must be 'inner' or 'left', got {how!r}")
+        for flag, what in ((broadcast, "broadcast"), (bootstrap, "bootstrap")):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{where}: {what} must be True or False, got {flag!r}")
+        return self._next(JoinTableTransform(self.transform, t, key_fn, fn, how, broadcast,
+                                             bootstrap), "join-table", keeps_timestamps=False)
+
     def custom_transform(self, name: str, processor_supplier: Any) -> "Stage":
         """A stage made of your own processors (the core API): ``processor_supplier`` is a
         Processor subclass, a zero-argument factory, a ProcessorSupplier or a meta-supplier."""
@@ -399,6 +456,28 @@ class GroupedStage:
         return self.stage._next(MapStatefulTransform(self.stage.transform, create_fn, map_fn,
                                                      self.key_fn, ttl, on_evict),
                                 "map-stateful")
+
+    def map_using_map(self, map_name: str, key_fn: Callable[[Any], Any] | None = None,
+                      fn: Callable[[Any, Any], Any] | None = None) -> Stage:
+        """``fn(item, value)`` with the named map's value for the item's grouping key (None
+        when absent), as ``Stage.map_using_map`` (Jet's ``mapUsingIMap`` after
+        ``groupingKey``): ``map_using_map(map_name, fn)``; with ``key_fn`` as well
+        (``map_using_map(map_name, key_fn, fn)``) the map is read by ``key_fn(item)``. The
+        items reach the processor owning their grouping key's partition."""
+        where = f"group_by().map_using_map() after stage {self.stage.name!r}"
+        if fn is None:
+            key_fn, fn = None, key_fn
+        if not isinstance(map_name, str) or not map_name.strip():
+            raise ValueError(f"{where}: map_name must be the non-empty name of a map, got "
+                             f"{map_name!r}")
+        check_fn(fn, f"{where}: fn")
+        if key_fn is not None:
+            check_fn(key_fn, f"{where}: key_fn")
+        assert fn is not None  # checked
+        return self.stage._next(MapUsingMapTransform(self.stage.transform, map_name,
+                                                     key_fn or self.key_fn, fn,
+                                                     partition_fn=self.key_fn),
+                                "map-using-map", keeps_timestamps=False)
 
     def distinct(self) -> Stage:
         """The first item of each key."""
@@ -573,6 +652,11 @@ def _window_stage(windowed: WindowedStage, stages: list[Stage], ops: list[Aggreg
         t.side_sink = windowed.late_sink
         pipeline._add(SideSinkTransform(t, windowed.late_sink), windowed.late_sink.name)
     return Stage(pipeline, t, is_stream=any(s.is_stream for s in stages), timestamp_fn=None)
+
+
+def _table_pair(item: Any, value: Any) -> tuple[Any, Any]:
+    """join_table's default result: the item and its table value."""
+    return item, value
 
 
 def _pair_timestamp(pair: tuple[int, Any]) -> int:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from jetwake.engine.core.dag import DAG, Edge, Vertex
 from jetwake.engine.core.errors import PipelineError
 from jetwake.engine.pipeline.event_time import key_on_item
-from jetwake.engine.pipeline.fusion import FusedChain, FusedStep, unwrap_step
+from jetwake.engine.pipeline.fusion import FusedChain, FusedStep, changelog_step, unwrap_step
 from jetwake.engine.processors.pass_through import PassThroughProcessor
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,6 +35,7 @@ class ItemForm(Enum):
     PLAIN = "plain"                # the user's items
     TIMESTAMPED = "timestamped"    # Timestamped(ts, item) values (after with_timestamps)
     NATIVE_PAIRS = "native pairs"  # (ts, item) tuples of a source with native timestamps
+    TABLE_CHANGELOG = "table changelog"  # (ts, (key, value)) pairs and TableReady markers
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ class Planner:
             if takes is not ItemForm.PLAIN:
                 raise PipelineError(f"stage {t.name!r}: its input {upstream.name!r} has no "
                                     "timestamps; call with_timestamps() before it")
-            chain += (unwrap_step(upstream.name),)
+            chain += (unwrap_step(upstream.name) if form is not ItemForm.TABLE_CHANGELOG
+                      else changelog_step(upstream.name),)
             form = ItemForm.PLAIN
         src = out.vertex
         if any(e.source is src and e.destination is dest for e in self.dag.edges):

@@ -23,7 +23,7 @@ from jetwake.engine.operations.aggregate import AggregateOperation
 from jetwake.engine.pipeline.connector import Sink, Source
 from jetwake.engine.pipeline.event_time import key_on_item, with_event_time_in_source
 from jetwake.engine.pipeline.fusion import (
-    internal_step, stateless_function, stateless_step, unwrap_step,
+    changelog_step, internal_step, stateless_function, stateless_step, unwrap_step,
 )
 from jetwake.engine.pipeline.planner import ItemForm, Output, Planner, Routing
 from jetwake.engine.pipeline.spark_form import NotOnSpark
@@ -43,6 +43,8 @@ from jetwake.engine.processors.sliding_window import (
 from jetwake.engine.processors.source_event_time import EventTimeSpec
 from jetwake.engine.processors.sort import MergeSortedProcessor, SortProcessor
 from jetwake.engine.processors.stateless_stage import StatelessStageProcessor
+from jetwake.engine.processors.map_lookup import MapLookupProcessor
+from jetwake.engine.processors.table_join import TableJoinProcessor, table_route_key
 from jetwake.engine.core.functions import identity
 
 if TYPE_CHECKING:  # the backfill runs transforms; they only name its types
@@ -54,7 +56,7 @@ __all__ = [
     "DistinctTransform", "SortTransform", "RebalanceTransform", "MergeTransform",
     "HashJoinTransform", "CustomTransform", "SinkTransform", "TimestampTransform",
     "WindowAggregateTransform", "RollingAggregateTransform", "MapStatefulTransform",
-    "SideSinkTransform",
+    "SideSinkTransform", "MapUsingMapTransform", "JoinTableTransform",
 ]
 
 _first = itemgetter(0)
@@ -110,7 +112,9 @@ class SourceTransform(Transform):
 
     def add_to_dag(self, planner: Planner) -> None:
         v = planner.vertex(self.name, self.source.meta_supplier, self)
-        planner.set_output(self, Output(v, form=ItemForm.NATIVE_PAIRS
+        planner.set_output(self, Output(v, form=ItemForm.TABLE_CHANGELOG
+                                        if self.source.table_changelog else
+                                        ItemForm.NATIVE_PAIRS
                                         if self.source.emits_pairs else _PLAIN))
 
 
@@ -139,6 +143,8 @@ class StatelessTransform(Transform):
         chain = out.chain
         if out.form is ItemForm.NATIVE_PAIRS:
             chain += (unwrap_step(up.name),)  # the stage sees the items
+        elif out.form is ItemForm.TABLE_CHANGELOG:
+            chain += (changelog_step(up.name),)
         step = stateless_step(self.name, self.op, self.fn, form is _TIMESTAMPED)
         planner.set_output(self, Output(out.vertex, chain + (step,), form))
 
@@ -276,6 +282,74 @@ class HashJoinTransform(Transform):
         # the build side is sent to every processor and consumed before the stream
         planner.connect(self, self.upstream[1], v, lambda e: e.distributed().broadcast(),
                         priority=-1)
+        planner.set_output(self, Output(v))
+
+
+class MapUsingMapTransform(Transform):
+    """``map_using_map``: each item looked up in a named map (engine/processors/map_lookup.py)."""
+
+    kind = "map-using-map"
+
+    def __init__(self, upstream: Transform, map_name: str, key_fn: Callable[[Any], Any],
+                 fn: Callable[[Any, Any], Any],
+                 partition_fn: Callable[[Any], Any] | None = None) -> None:
+        super().__init__([upstream])
+        self.map_name = map_name
+        self.key_fn = key_fn
+        self.fn = fn
+        self.partition_fn = partition_fn  # after group_by: items routed by their grouping key
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.map_using_map(self)
+
+    def add_to_dag(self, planner: Planner) -> None:
+        name, map_name, key_fn, fn = self.name, self.map_name, self.key_fn, self.fn
+        v = planner.vertex(name, lambda: MapLookupProcessor(name, map_name, key_fn, fn), self)
+        partition_fn = self.partition_fn
+        if partition_fn is not None:
+            planner.connect(self, self.upstream[0], v,
+                            lambda e: e.distributed().partitioned(partition_fn))
+        else:
+            planner.connect(self, self.upstream[0], v)
+        planner.set_output(self, Output(v))
+
+
+class JoinTableTransform(Transform):
+    """``join_table``: a stream joined to a table's current value (engine/processors/
+    table_join.py). Ordinal 0 is the stream, ordinal 1 the table's changelog with its markers.
+    Partitioned: both edges by key; broadcast: the table to every processor, the stream where
+    it is."""
+
+    kind = "join-table"
+
+    def __init__(self, stream: Transform, table: Transform, key_fn: Callable[[Any], Any],
+                 fn: Callable[[Any, Any], Any], how: str, broadcast: bool,
+                 bootstrap: bool) -> None:
+        super().__init__([stream, table])
+        self.key_fn = key_fn
+        self.fn = fn
+        self.how = how
+        self.broadcast = broadcast
+        self.bootstrap = bootstrap
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.join_table(self)
+
+    def add_to_dag(self, planner: Planner) -> None:
+        name, key_fn, fn, how, broadcast, bootstrap = (
+            self.name, self.key_fn, self.fn, self.how, self.broadcast, self.bootstrap)
+        v = planner.vertex(name, lambda: TableJoinProcessor(name, key_fn, fn, how, broadcast,
+                                                            bootstrap), self)
+        stream, table = self.upstream
+        if broadcast:
+            planner.connect(self, stream, v)
+            planner.connect(self, table, v, lambda e: e.distributed().broadcast(),
+                            takes=ItemForm.TABLE_CHANGELOG)
+        else:
+            planner.connect(self, stream, v, lambda e: e.distributed().partitioned(key_fn))
+            planner.connect(self, table, v,
+                            lambda e: e.distributed().partitioned(table_route_key),
+                            takes=ItemForm.TABLE_CHANGELOG)
         planner.set_output(self, Output(v))
 
 
