@@ -32,6 +32,8 @@ from jetwake.engine.processors.aggregation import (
 )
 from jetwake.engine.processors.distinct import DistinctProcessor
 from jetwake.engine.processors.hash_join import HashJoinProcessor
+from jetwake.engine.processors.asof_join import AsofJoinProcessor
+from jetwake.engine.processors.interval_join import IntervalJoinProcessor
 from jetwake.engine.processors.insert_watermarks import InsertWatermarksProcessor
 from jetwake.engine.processors.map_stateful import MapStatefulProcessor
 from jetwake.engine.processors.pass_through import PassThroughProcessor
@@ -55,6 +57,7 @@ __all__ = [
     "HashJoinTransform", "CustomTransform", "SinkTransform", "TimestampTransform",
     "WindowAggregateTransform", "RollingAggregateTransform", "MapStatefulTransform",
     "SideSinkTransform",
+    "IntervalJoinTransform", "AsofJoinTransform",
 ]
 
 _first = itemgetter(0)
@@ -568,3 +571,82 @@ class MapStatefulTransform(Transform):
             self.name, self.create_fn, self.map_fn, self.key_fn, self.ttl, self.on_evict)
         _plan_keyed_vertex(planner, self, key_fn, lambda: MapStatefulProcessor(
             name, create_fn, map_fn, key_fn, timestamped, ttl, on_evict), timestamped)
+
+
+# --- joins of two streams in event time ------------------------------------------------------
+
+class _StreamJoinTransform(Transform):
+    """A join of two timestamped streams: the left input on ordinal 0, the right on 1, each
+    partitioned by its join key over the cluster so that equal keys meet in one processor;
+    the output is timestamped (the processors say at which time)."""
+
+    def __init__(self, left: Transform, right: Transform, key_fn: Callable[[Any], Any],
+                 other_key_fn: Callable[[Any], Any], fn: Callable[[Any, Any], Any] | None
+                 ) -> None:
+        super().__init__([left, right])
+        self.key_fn = key_fn
+        self.other_key_fn = other_key_fn
+        self.fn = fn
+        self.side_sink = None  # late events
+
+    def processor_factory(self) -> Callable[[], Any]:
+        raise NotImplementedError
+
+    def add_to_dag(self, planner: Planner) -> None:
+        for up in self.upstream:
+            if planner.output(up).form is not _TIMESTAMPED:
+                raise PipelineError(f"stage {self.name!r}: its input {up.name!r} has no "
+                                    "timestamps; call with_timestamps() on it before the join")
+        v = planner.vertex(self.name, self.processor_factory(), self)
+        if self.side_sink is not None:
+            _plan_side_sink(planner, self, v)
+        for up, kf in zip(self.upstream, (self.key_fn, self.other_key_fn)):
+            by_key = key_on_item(kf)
+            planner.connect(self, up, v, lambda e, k=by_key: e.distributed().partitioned(k),
+                            takes=_TIMESTAMPED)
+        planner.set_output(self, Output(v, form=_TIMESTAMPED))
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        raise NotImplementedError  # each join below has its own Spark form
+
+
+class IntervalJoinTransform(_StreamJoinTransform):
+    kind = "interval-join"
+
+    def __init__(self, left: Transform, right: Transform, key_fn: Callable[[Any], Any],
+                 other_key_fn: Callable[[Any], Any], lower: int, upper: int,
+                 fn: Callable[[Any, Any], Any] | None) -> None:
+        super().__init__(left, right, key_fn, other_key_fn, fn)
+        self.lower = lower
+        self.upper = upper
+
+    def processor_factory(self) -> Callable[[], Any]:
+        args = (self.name, self.key_fn, self.other_key_fn, self.lower, self.upper, self.fn,
+                self.side_sink is not None)
+        return lambda: IntervalJoinProcessor(*args)
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.interval_join(self)
+
+    add_to_dag = _StreamJoinTransform.add_to_dag  # declared here, as every stage's is
+
+
+class AsofJoinTransform(_StreamJoinTransform):
+    kind = "asof-join"
+
+    def __init__(self, left: Transform, right: Transform, key_fn: Callable[[Any], Any],
+                 other_key_fn: Callable[[Any], Any], tolerance: int | None,
+                 fn: Callable[[Any, Any], Any] | None, how: str) -> None:
+        super().__init__(left, right, key_fn, other_key_fn, fn)
+        self.tolerance = tolerance
+        self.how = how
+
+    def processor_factory(self) -> Callable[[], Any]:
+        args = (self.name, self.key_fn, self.other_key_fn, self.tolerance, self.fn,
+                self.how, self.side_sink is not None)
+        return lambda: AsofJoinProcessor(*args)
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.asof_join(self)
+
+    add_to_dag = _StreamJoinTransform.add_to_dag  # declared here, as every stage's is
