@@ -18,7 +18,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from jetwake.engine.core.errors import PipelineError
-from jetwake.engine.core.dag import Vertex
+from jetwake.engine.core.dag import Edge, Vertex
 from jetwake.engine.operations.aggregate import AggregateOperation
 from jetwake.engine.pipeline.connector import Sink, Source
 from jetwake.engine.pipeline.event_time import key_on_item, with_event_time_in_source
@@ -601,13 +601,16 @@ class _StreamJoinTransform(Transform):
         if self.side_sink is not None:
             _plan_side_sink(planner, self, v)
         for up, kf in zip(self.upstream, (self.key_fn, self.other_key_fn)):
-            by_key = key_on_item(kf)
-            planner.connect(self, up, v, lambda e, k=by_key: e.distributed().partitioned(k),
-                            takes=_TIMESTAMPED)
+            planner.connect(self, up, v, _partitioned_by(key_on_item(kf)), takes=_TIMESTAMPED)
         planner.set_output(self, Output(v, form=_TIMESTAMPED))
 
     def add_to_spark(self, backfill: Translator) -> StageOut | None:
         raise NotImplementedError  # each join below has its own Spark form
+
+
+def _partitioned_by(key_fn: Callable[[Any], Any]) -> Callable[[Edge], Edge]:
+    """Configures an edge distributed and partitioned by ``key_fn``."""
+    return lambda e: e.distributed().partitioned(key_fn)
 
 
 class IntervalJoinTransform(_StreamJoinTransform):
