@@ -27,7 +27,7 @@ from .model import ModelResult, is_determinate, record_times, run_model
 from .spec import COMBINING_OPS, ORDER_FREE_OPS, Inputs, Spec, check_spec
 
 __all__ = ["scenarios", "specs", "inputs_for", "repair", "build_pipeline", "engine_op",
-           "skewed_partitions",
+           "skewed_partitions", "joined_backlogs",
            "model_of", "out_label", "late_label", "SourceFactory", "SinkFactory"]
 
 def skewed_partitions(partitions: int, per_partition: int, newest: int,
@@ -37,6 +37,22 @@ def skewed_partitions(partitions: int, per_partition: int, newest: int,
     order (within a lag of 60), keyed by its partition (as a keyed topic's)."""
     return [[(newest - p * apart + 20 * i - (7 * i) % 60, f"k{p}", i % 10, 100 * p + i)
              for i in range(per_partition)] for p in range(partitions)]
+
+
+def joined_backlogs() -> tuple[Spec, Inputs]:
+    """Two sources of three partitions each after downtime (:func:`skewed_partitions`, 10 s
+    apart, disorder within the lag), the second 15 ms later than the first, joined by key in
+    an interval join (``[-30, 30]``) and an as-of join (tolerance 100): every record has
+    partners, and under one watermark over all partitions the records of the partitions
+    behind would all be late."""
+    a = skewed_partitions(3, 40, 50_000, 10_000)
+    b = [[(t + 15, k, v, 10_000 + s) for t, k, v, s in part] for part in a]
+    spec = {"sources": [{"name": "a", "lag": 60}, {"name": "b", "lag": 60}],
+            "stages": [{"id": "ij", "kind": "interval_join", "inputs": ["a", "b"],
+                        "lower": -30, "upper": 30},
+                       {"id": "aj", "kind": "asof_join", "inputs": ["a", "b"],
+                        "tolerance": 100, "how": "left"}]}
+    return spec, {"partitions": {"a": a, "b": b}, "build": []}
 
 
 SourceFactory = Callable[[str, list], Any]

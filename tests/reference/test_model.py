@@ -386,8 +386,8 @@ def test_a_batch_aggregation_emits_nothing_in_a_stream():
 @given(st.data())
 def test_a_streaming_run_is_a_bounded_one_without_what_the_end_of_the_stream_flushes(data):
     """Streaming and bounded runs judge the same events late and leave the same things open;
-    streaming emits a part of each window stage's results and of the evictions, and the
-    rest as is."""
+    streaming emits a part of each window stage's results, of the evictions and of an as-of
+    join's results, and the rest as is."""
     spec = data.draw(specs())
     inputs = data.draw(inputs_for(spec))
     batch, streamed = run_model(spec, inputs), run_model(spec, inputs, bounded=False)
@@ -404,6 +404,10 @@ def test_a_streaming_run_is_a_bounded_one_without_what_the_end_of_the_stream_flu
                 assert all(r[2] <= wm for r in got) and all(r[2] > wm for r in full - got)
             else:
                 assert all(r[0] == "evicted" for r in full - got)
+        elif s["kind"] == "asof_join":  # the left records the final watermark passed
+            assert not got - full
+            wm = streamed.final_watermark[s["id"]]
+            assert all(r[0][0] < wm for r in got) and all(r[0][0] >= wm for r in full - got)
         else:
             assert got == full
 
