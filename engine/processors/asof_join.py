@@ -24,6 +24,7 @@ run it, and :class:`AsofJoinEntries` is the snapshot codec both write.
 from __future__ import annotations
 
 import heapq
+import sys
 from bisect import bisect_left, bisect_right
 from typing import Any, Callable, Iterator
 
@@ -56,35 +57,70 @@ class AsofJoinState:
         self.tolerance = tolerance
         self.rights: dict[Any, tuple[list[int], list[Any]]] = {}
         self.waiting: list[tuple[int, int, Any, Any]] = []  # (tl, seq, key, item)
-        # (watermark to pass, seq, key): when a key's right events may be pruned
+        # (watermark to pass, seq, key): when a key's earliest right event is pruned, the
+        # watermark passing its next one's time (or its own plus the tolerance); an item is
+        # current while it is the key's scheduled one (key -> time), others are skipped
         self.prune_at: list[tuple[int, int, Any]] = []
+        self.scheduled: dict[Any, int] = {}
         self.size = 0
         self._seq = 0
 
     def add_left(self, key: Any, ts: int, item: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self.waiting, (ts, self._seq, key, item))
-        self.size += 1
+        self.add_lefts(((key, ts, item),))
+
+    def add_lefts(self, events: Any) -> None:
+        """Each ``(key, ts, item)`` of ``events`` waits for the watermark to pass ``ts``."""
+        waiting, push = self.waiting, heapq.heappush
+        seq = self._seq
+        n = 0
+        for key, ts, item in events:
+            seq += 1
+            n += 1
+            push(waiting, (ts, seq, key, item))
+        self._seq = seq
+        self.size += n
 
     def add_right(self, key: Any, ts: int, item: Any) -> None:
-        entry = self.rights.get(key)
-        if entry is None:
-            entry = self.rights[key] = ([], [])
-        times, items = entry
-        if not times or ts >= times[-1]:
-            times.append(ts)
-            items.append(item)
-        else:
-            pos = bisect_right(times, ts)
-            times.insert(pos, ts)
-            items.insert(pos, item)
-        self.size += 1
-        # an older entry is obsolete once the watermark passes this one; this one, once it
-        # passes its time plus the tolerance
+        self.add_rights(((key, ts, item),))
+
+    def add_rights(self, events: Any) -> None:
+        """Stores each ``(key, ts, item)`` of ``events`` among its key's right events."""
+        rights, scheduled, tol = self.rights, self.scheduled, self.tolerance
+        get = rights.get
+        n = 0
+        for key, ts, item in events:
+            n += 1
+            entry = get(key)
+            if entry is None:
+                rights[key] = ([ts], [item])
+                if tol is not None:
+                    self._schedule(key, ts + tol)
+                continue
+            times, items = entry
+            if ts >= times[-1]:
+                times.append(ts)
+                items.append(item)
+            else:
+                pos = bisect_right(times, ts)
+                times.insert(pos, ts)
+                items.insert(pos, item)
+            nxt = self._next_prune(times)
+            if nxt < scheduled.get(key, _NEVER):
+                self._schedule(key, nxt)
+        self.size += n
+
+    def _next_prune(self, times: list[int]) -> int:
+        """When the key's earliest right event becomes useless: the watermark passing its
+        next one (that one then answers every later left event) or its tolerance."""
+        nxt = times[1] if len(times) > 1 else _NEVER
+        if self.tolerance is not None and times[0] + self.tolerance < nxt:
+            nxt = times[0] + self.tolerance
+        return nxt
+
+    def _schedule(self, key: Any, at: int) -> None:
+        self.scheduled[key] = at
         self._seq += 1
-        heapq.heappush(self.prune_at, (ts, self._seq, key))
-        if self.tolerance is not None:
-            heapq.heappush(self.prune_at, (ts + self.tolerance, self._seq, key))
+        heapq.heappush(self.prune_at, (at, self._seq, key))
 
     def match(self, key: Any, ts: int) -> Any:
         """The latest right event of ``key`` at or before ``ts`` (within the tolerance), or
@@ -110,14 +146,15 @@ class AsofJoinState:
         return out, self._prune(wm)
 
     def _prune(self, wm: int) -> int:
-        heap, rights, tol = self.prune_at, self.rights, self.tolerance
+        heap, rights, scheduled, tol = self.prune_at, self.rights, self.scheduled, \
+            self.tolerance
         dropped = 0
         while heap and heap[0][0] < wm:
-            key = heapq.heappop(heap)[2]
-            entry = rights.get(key)
-            if entry is None:
-                continue
-            times, items = entry
+            at, _, key = heapq.heappop(heap)
+            if scheduled.get(key) != at:
+                continue  # superseded
+            del scheduled[key]
+            times, items = rights[key]
             i = bisect_left(times, wm)  # times[:i] are below the watermark
             keep = i - 1 if i > 0 else 0  # the latest below it stays...
             if i > 0 and tol is not None and times[i - 1] < wm - tol:
@@ -128,6 +165,10 @@ class AsofJoinState:
                 dropped += keep
             if not times:
                 del rights[key]
+                continue
+            nxt = self._next_prune(times)
+            if nxt != _NEVER:
+                self._schedule(key, nxt)
         self.size -= dropped
         return dropped
 
@@ -152,6 +193,9 @@ class AsofJoinState:
         for key in lefts.keys() | self.rights.keys():
             yield AsofJoinEntries.key_state(key, lefts.get(key, _EMPTY),
                                             self.rights.get(key, _EMPTY))
+
+
+_NEVER = sys.maxsize
 
 
 def _seq_of(w: tuple) -> int:
@@ -206,11 +250,11 @@ class AsofJoinProcessor(StreamJoinProcessor):
         self.state = AsofJoinState(tolerance)
         self.inner = how == "inner"
 
-    def _add(self, side: int, key: Any, ts: int, item: Any, out: list) -> None:
+    def _add_all(self, side: int, events: list[tuple[Any, int, Any]], out: list) -> None:
         if side == LEFT:
-            self.state.add_left(key, ts, item)
+            self.state.add_lefts(events)
         else:
-            self.state.add_right(key, ts, item)
+            self.state.add_rights(events)
 
     def _size(self) -> int:
         return self.state.size

@@ -29,6 +29,7 @@ import heapq
 from bisect import bisect_left, bisect_right
 from typing import Any, Callable, Iterator
 
+from jetwake.engine.core.stream_items import NO_WATERMARK
 from jetwake.engine.processors.stream_join import (
     LEFT, JoinWatermark, StreamJoinProcessor,
 )
@@ -38,15 +39,19 @@ __all__ = ["IntervalJoinState", "IntervalJoinEntries", "IntervalJoinProcessor"]
 
 class IntervalJoinState:
     """The entries of both sides by key, each key's sorted by time (ties in arrival order),
-    and an expiry heap per side. :meth:`add` probes the other side and stores the event;
-    :meth:`expire` drops what the watermark passed."""
+    and an expiry heap per side holding, per key, when its earliest entry expires.
+    :meth:`add` probes the other side and stores the event; :meth:`expire` drops what the
+    watermark passed."""
 
     def __init__(self, lower: int, upper: int) -> None:
         self.lower = lower
         self.upper = upper
         # side -> key -> (times, items)
         self.sides: tuple[dict[Any, tuple[list[int], list[Any]]], ...] = ({}, {})
-        self.heaps: tuple[list[tuple[int, int, Any]], ...] = ([], [])  # (expiry, seq, key)
+        # side -> heap of (expiry, seq, key); an item is current while it is the key's
+        # scheduled expiry (side -> key -> expiry), others are skipped
+        self.heaps: tuple[list[tuple[int, int, Any]], ...] = ([], [])
+        self.scheduled: tuple[dict[Any, int], ...] = ({}, {})
         self.size = 0
         self._seq = 0
 
@@ -60,68 +65,94 @@ class IntervalJoinState:
         ``(max time, left, right)``. It is stored unless watermark ``wm`` already passed its
         expiry (possible when ``upper < 0`` or ``lower > 0``)."""
         out: list[tuple[int, Any, Any]] = []
-        other = self.sides[1 - side].get(key)
-        if other is not None:
-            times, items = other
-            if side == LEFT:
-                i, j = bisect_left(times, ts + self.lower), bisect_right(times, ts + self.upper)
-                for k in range(i, j):
-                    t2 = times[k]
-                    out.append((t2 if t2 > ts else ts, item, items[k]))
-            else:
-                i, j = bisect_left(times, ts - self.upper), bisect_right(times, ts - self.lower)
-                for k in range(i, j):
-                    t2 = times[k]
-                    out.append((t2 if t2 > ts else ts, items[k], item))
-        exp = self.expiry(side, ts)
-        if exp >= wm:
-            self._store(side, key, ts, item, exp)
+        self.add_all(side, ((key, ts, item),), wm, out)
         return out
 
-    def _store(self, side: int, key: Any, ts: int, item: Any, exp: int) -> None:
-        entry = self.sides[side].get(key)
-        if entry is None:
-            entry = self.sides[side][key] = ([], [])
-        times, items = entry
-        if not times or ts >= times[-1]:
-            times.append(ts)
-            items.append(item)
-        else:
-            pos = bisect_right(times, ts)
-            times.insert(pos, ts)
-            items.insert(pos, item)
-        self._seq += 1
-        heapq.heappush(self.heaps[side], (exp, self._seq, key))
-        self.size += 1
+    def add_all(self, side: int, events: Any, wm: int, out: list, probe: bool = True) -> None:
+        """:meth:`add` of each ``(key, ts, item)`` of ``events`` in turn, the pairs appended
+        to ``out`` (one call for a chunk: the loop reads the state's parts once); without
+        ``probe`` the events are stored only (a restore)."""
+        other_side, mine = self.sides[1 - side], self.sides[side]
+        heap, scheduled = self.heaps[side], self.scheduled[side]
+        left = side == LEFT
+        # the other side's times a new event at ts meets: [ts + lo, ts + hi]
+        lo, hi = (self.lower, self.upper) if left else (-self.upper, -self.lower)
+        # an entry at ts expires after ts + shift
+        shift = self.upper if left else -self.lower
+        get_other, get_mine = other_side.get, mine.get
+        append = out.append
+        stored = 0
+        for key, ts, item in events:
+            other = get_other(key) if probe else None
+            if other is not None:
+                times, items = other
+                i, j = bisect_left(times, ts + lo), bisect_right(times, ts + hi)
+                if left:
+                    for k in range(i, j):
+                        t2 = times[k]
+                        append((t2 if t2 > ts else ts, item, items[k]))
+                else:
+                    for k in range(i, j):
+                        t2 = times[k]
+                        append((t2 if t2 > ts else ts, items[k], item))
+            exp = ts + shift
+            if exp < wm:
+                continue  # no later event can meet it
+            entry = get_mine(key)
+            if entry is None:
+                mine[key] = ([ts], [item])
+            else:
+                times, items = entry
+                if ts >= times[-1]:
+                    times.append(ts)
+                    items.append(item)
+                    stored += 1
+                    continue  # not the key's earliest: its expiry is scheduled already
+                pos = bisect_right(times, ts)
+                times.insert(pos, ts)
+                items.insert(pos, item)
+                if pos:
+                    stored += 1
+                    continue
+            # the key's earliest entry: schedule its expiry
+            stored += 1
+            scheduled[key] = exp
+            self._seq += 1
+            heapq.heappush(heap, (exp, self._seq, key))
+        self.size += stored
 
     def expire(self, wm: int) -> int:
         """Drops every entry whose expiry is below ``wm``; returns how many."""
         dropped = 0
         for side in (0, 1):
-            heap, entries = self.heaps[side], self.sides[side]
+            heap, entries, scheduled = self.heaps[side], self.sides[side], self.scheduled[side]
             # expiry < wm  <=>  ts below this bound
-            bound = wm - self.upper if side == LEFT else wm + self.lower
+            shift = self.upper if side == LEFT else -self.lower
+            bound = wm - shift
             while heap and heap[0][0] < wm:
-                key = heapq.heappop(heap)[2]
-                entry = entries.get(key)
-                if entry is None:
-                    continue
-                times, items = entry
+                exp, _, key = heapq.heappop(heap)
+                if scheduled.get(key) != exp:
+                    continue  # superseded by an earlier entry's expiry
+                times, items = entries[key]
                 n = bisect_left(times, bound)
-                if n:
-                    del times[:n]
-                    del items[:n]
-                    dropped += n
-                if not times:
+                del times[:n]
+                del items[:n]
+                dropped += n
+                if times:
+                    exp = scheduled[key] = times[0] + shift
+                    self._seq += 1
+                    heapq.heappush(heap, (exp, self._seq, key))
+                else:
                     del entries[key]
+                    del scheduled[key]
         self.size -= dropped
         return dropped
 
     def restore(self, key: Any, value: Any) -> None:
         """Adds the entries of one key's snapshot entry (:class:`IntervalJoinEntries`)."""
         for side, (times, items) in enumerate(IntervalJoinEntries.read(value)):
-            for ts, item in zip(times, items):
-                self._store(side, key, ts, item, self.expiry(side, ts))
+            self.add_all(side, ((key, ts, item) for ts, item in zip(times, items)),
+                         NO_WATERMARK, [], probe=False)
 
     def entries(self) -> Iterator[tuple[Any, Any]]:
         """The snapshot entries of the state, one per key."""
@@ -160,13 +191,14 @@ class IntervalJoinProcessor(StreamJoinProcessor):
         super().__init__(stage_name, key_fn, other_key_fn, fn, side_output)
         self.state = IntervalJoinState(lower, upper)
 
-    def _add(self, side: int, key: Any, ts: int, item: Any, out: list) -> None:
-        pairs = self.state.add(side, key, ts, item, self.wm)
+    def _add_all(self, side: int, events: list[tuple[Any, int, Any]], out: list) -> None:
+        pairs: list[tuple[int, Any, Any]] = []
+        self.state.add_all(side, events, self.wm, pairs)
         if not pairs:
             return
         fn = self.fn
         if fn is None:
-            out.extend((t, (left, right)) for t, left, right in pairs)
+            out.extend([(t, (left, right)) for t, left, right in pairs])
             return
         for t, left, right in pairs:
             r = fn(left, right)

@@ -55,8 +55,8 @@ class JoinWatermark:
 
 
 class StreamJoinProcessor(EventTimeProcessor):
-    """Base of the join processors: splits late events off, calls :meth:`_add` per on-time
-    event, keeps the metrics and the watermark entry. Subclasses hold the state."""
+    """Base of the join processors: splits late events off, calls :meth:`_add_all` with the
+    on-time events, keeps the metrics and the watermark entry. Subclasses hold the state."""
 
     def __init__(self, stage_name: str, key_fn: Callable[[Any], Any],
                  other_key_fn: Callable[[Any], Any], fn: Callable[[Any, Any], Any] | None,
@@ -80,13 +80,11 @@ class StreamJoinProcessor(EventTimeProcessor):
         key_fn = self.key_fns[ordinal]
         wm = self.wm
         out: list[Any] = []
-        late: list[Any] = []
-        add = self._add
-        for t, x in inbox.drain():
-            if t < wm:  # is_late, inlined
-                late.append(x)
-                continue
-            add(ordinal, key_fn(x), t, x, out)
+        items = inbox.drain()
+        late = [x for t, x in items if t < wm]  # is_late, inlined
+        if late:
+            items = [e for e in items if e[0] >= wm]
+        self._add_all(ordinal, [(key_fn(x), t, x) for t, x in items], out)
         if late:
             self._count_late(len(late))
             if self.side_output:
@@ -94,9 +92,9 @@ class StreamJoinProcessor(EventTimeProcessor):
         self._emit_results(out)
         self._flush()
 
-    def _add(self, side: int, key: Any, ts: int, item: Any, out: list) -> None:
-        """Adds one on-time event of ``side``; appends what it completes to ``out`` as
-        ``(timestamp, result)``."""
+    def _add_all(self, side: int, events: list[tuple[Any, int, Any]], out: list) -> None:
+        """Adds the on-time events ``(key, ts, item)`` of ``side`` in order; appends what they
+        complete to ``out`` as ``(timestamp, result)``."""
         raise NotImplementedError
 
     def _emit_results(self, out: list) -> None:
