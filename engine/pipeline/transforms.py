@@ -575,37 +575,21 @@ class MapStatefulTransform(Transform):
 
 # --- joins of two streams in event time ------------------------------------------------------
 
-class _StreamJoinTransform(Transform):
-    """A join of two timestamped streams: the left input on ordinal 0, the right on 1, each
-    partitioned by its join key over the cluster so that equal keys meet in one processor;
-    the output is timestamped (the processors say at which time)."""
-
-    def __init__(self, left: Transform, right: Transform, key_fn: Callable[[Any], Any],
-                 other_key_fn: Callable[[Any], Any], fn: Callable[[Any, Any], Any] | None
-                 ) -> None:
-        super().__init__([left, right])
-        self.key_fn = key_fn
-        self.other_key_fn = other_key_fn
-        self.fn = fn
-        self.side_sink = None  # late events
-
-    def processor_factory(self) -> Callable[[], Any]:
-        raise NotImplementedError
-
-    def add_to_dag(self, planner: Planner) -> None:
-        for up in self.upstream:
-            if planner.output(up).form is not _TIMESTAMPED:
-                raise PipelineError(f"stage {self.name!r}: its input {up.name!r} has no "
-                                    "timestamps; call with_timestamps() on it before the join")
-        v = planner.vertex(self.name, self.processor_factory(), self)
-        if self.side_sink is not None:
-            _plan_side_sink(planner, self, v)
-        for up, kf in zip(self.upstream, (self.key_fn, self.other_key_fn)):
-            planner.connect(self, up, v, _partitioned_by(key_on_item(kf)), takes=_TIMESTAMPED)
-        planner.set_output(self, Output(v, form=_TIMESTAMPED))
-
-    def add_to_spark(self, backfill: Translator) -> StageOut | None:
-        raise NotImplementedError  # each join below has its own Spark form
+def _plan_stream_join(planner: Planner, t: Transform, key_fns: tuple[Callable[[Any], Any], ...],
+                      factory: Callable[[], Any]) -> None:
+    """A join of two timestamped streams: one vertex, the left input on ordinal 0 and the
+    right on 1, each partitioned by its join key over the cluster so that equal keys meet in
+    one processor; late events to the side sink when there is one; a timestamped output."""
+    for up in t.upstream:
+        if planner.output(up).form is not _TIMESTAMPED:
+            raise PipelineError(f"stage {t.name!r}: its input {up.name!r} has no timestamps; "
+                                "call with_timestamps() on it before the join")
+    v = planner.vertex(t.name, factory, t)
+    if t.side_sink is not None:
+        _plan_side_sink(planner, t, v)
+    for up, kf in zip(t.upstream, key_fns):
+        planner.connect(t, up, v, _partitioned_by(key_on_item(kf)), takes=_TIMESTAMPED)
+    planner.set_output(t, Output(v, form=_TIMESTAMPED))
 
 
 def _partitioned_by(key_fn: Callable[[Any], Any]) -> Callable[[Edge], Edge]:
@@ -613,43 +597,49 @@ def _partitioned_by(key_fn: Callable[[Any], Any]) -> Callable[[Edge], Edge]:
     return lambda e: e.distributed().partitioned(key_fn)
 
 
-class IntervalJoinTransform(_StreamJoinTransform):
+class IntervalJoinTransform(Transform):
     kind = "interval-join"
 
     def __init__(self, left: Transform, right: Transform, key_fn: Callable[[Any], Any],
                  other_key_fn: Callable[[Any], Any], lower: int, upper: int,
                  fn: Callable[[Any, Any], Any] | None) -> None:
-        super().__init__(left, right, key_fn, other_key_fn, fn)
+        super().__init__([left, right])
+        self.key_fn = key_fn
+        self.other_key_fn = other_key_fn
         self.lower = lower
         self.upper = upper
-
-    def processor_factory(self) -> Callable[[], Any]:
-        args = (self.name, self.key_fn, self.other_key_fn, self.lower, self.upper, self.fn,
-                self.side_sink is not None)
-        return lambda: IntervalJoinProcessor(*args)
+        self.fn = fn
+        self.side_sink = None  # late events
 
     def add_to_spark(self, backfill: Translator) -> StageOut | None:
         return backfill.interval_join(self)
 
-    add_to_dag = _StreamJoinTransform.add_to_dag  # declared here, as every stage's is
+    def add_to_dag(self, planner: Planner) -> None:
+        args = (self.name, self.key_fn, self.other_key_fn, self.lower, self.upper, self.fn,
+                self.side_sink is not None)
+        _plan_stream_join(planner, self, (self.key_fn, self.other_key_fn),
+                          lambda: IntervalJoinProcessor(*args))
 
 
-class AsofJoinTransform(_StreamJoinTransform):
+class AsofJoinTransform(Transform):
     kind = "asof-join"
 
     def __init__(self, left: Transform, right: Transform, key_fn: Callable[[Any], Any],
                  other_key_fn: Callable[[Any], Any], tolerance: int | None,
                  fn: Callable[[Any, Any], Any] | None, how: str) -> None:
-        super().__init__(left, right, key_fn, other_key_fn, fn)
+        super().__init__([left, right])
+        self.key_fn = key_fn
+        self.other_key_fn = other_key_fn
         self.tolerance = tolerance
+        self.fn = fn
         self.how = how
-
-    def processor_factory(self) -> Callable[[], Any]:
-        args = (self.name, self.key_fn, self.other_key_fn, self.tolerance, self.fn,
-                self.how, self.side_sink is not None)
-        return lambda: AsofJoinProcessor(*args)
+        self.side_sink = None  # late events
 
     def add_to_spark(self, backfill: Translator) -> StageOut | None:
         return backfill.asof_join(self)
 
-    add_to_dag = _StreamJoinTransform.add_to_dag  # declared here, as every stage's is
+    def add_to_dag(self, planner: Planner) -> None:
+        args = (self.name, self.key_fn, self.other_key_fn, self.tolerance, self.fn, self.how,
+                self.side_sink is not None)
+        _plan_stream_join(planner, self, (self.key_fn, self.other_key_fn),
+                          lambda: AsofJoinProcessor(*args))
