@@ -379,3 +379,16 @@ def test_a_negative_tolerance_and_an_unknown_how_are_refused():
         left.join_asof(right, key, key, tolerance_ms=-1)
     with pytest.raises(PipelineError, match=r"how must be 'left'.*or 'inner'"):
         left.join_asof(right, key, key, how="outer")
+
+
+def test_both_inputs_are_partitioned_by_key_and_late_events_go_to_output_ordinal_0():
+    p, left, right = streams()
+    left.set_name("left").join_asof(right.set_name("right"), key, key,
+                                    late_events_to=Sinks.list("late")) \
+        .set_name("j").write_to(Sinks.list("out"))
+    edges = {(e.source.name, e.destination.name): e for e in p.to_dag().edges}
+    assert edges[("left", "j")].dest_ordinal == 0 and edges[("right", "j")].dest_ordinal == 1
+    assert all(edges[(s, "j")].is_distributed and edges[(s, "j")].routing.name == "PARTITIONED"
+               for s in ("left", "right"))
+    assert edges[("j", "list-sink-late")].source_ordinal == 0
+    assert edges[("j", "list-sink-out")].source_ordinal == 1
