@@ -11,7 +11,7 @@ watermark ``W`` (the lowest of the two inputs') is at most ``tl``, so a left eve
 and is emitted when ``W`` passes ``tl`` (``W > tl``), before that watermark is forwarded.
 Everything emitted later has a time ``>= W`` (pending left events are at or above it, and
 later ones are on time), so the output watermark is the input watermark, unchanged, and no
-result is late downstream. Events below ``W`` are late (``stream_join.is_late``).
+result is late downstream. Events below ``W`` are late (``stream_join``).
 
 Right state, per key: what a left event at or above ``W`` can still need, the latest right
 event below ``W`` (none when the tolerance has passed it: ``tr < W - tolerance``) and every

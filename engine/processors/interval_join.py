@@ -6,7 +6,7 @@ processor that receives the second of the two, as ``fn(left, right)`` at the eve
 ``max(tl, tr)`` (Flink's rule).
 
 State and watermark (``W``, the lowest of the two inputs' watermarks): events below ``W`` are
-late (``stream_join.is_late``). A left entry can still meet a right event at
+late (``stream_join``). A left entry can still meet a right event at
 ``tr <= tl + upper``, and right events to come have ``tr >= W``: it is dropped once
 ``tl + upper < W``. A right entry can still meet a left event at ``tl >= tr - upper`` and
 ``tl <= tr - lower``: it is dropped once ``tr - lower < W``. So no on-time event ever misses a

@@ -3,10 +3,12 @@
 Both take the left stream on ordinal 0 and the right stream on ordinal 1, as timestamped
 values, each partitioned by its join key so that equal keys meet in one processor. A
 processor sees one watermark, the lowest of its inputs' (the engine coalesces them): no event
-of either side older than it follows. An event below it is *late* (:func:`is_late`): the
-state it would have to meet may already be gone, so it is counted in ``late_events`` and
-dropped, or routed to the stage's late-events sink. An event within the lag of its own
-partition is never late here, since the watermark is never above its own partition's.
+of either side older than it follows. An event below it is *late*: the state it would have
+to meet may already be gone, so it is counted in ``late_events`` and dropped, or routed to
+the stage's late-events sink (:meth:`StreamJoinProcessor.process`).
+Both joins drop state exactly so that an event at or above the watermark still finds every
+entry it can match. An event within the lag of its own partition is never late here, since
+the watermark is never above its own partition's.
 
 The join state and its watermark are saved per join key (:class:`JoinWatermark` is the one
 broadcast entry), so a restore with another parallelism or member count re-partitions it;
@@ -25,22 +27,10 @@ from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
 from jetwake.engine.core.stream_items import NO_WATERMARK
 from jetwake.engine.processors.event_time_base import EventTimeProcessor
 
-__all__ = ["StreamJoinProcessor", "JoinWatermark", "is_late", "LEFT", "RIGHT", "pair"]
+__all__ = ["StreamJoinProcessor", "JoinWatermark", "LEFT", "RIGHT"]
 
 LEFT, RIGHT = 0, 1
 """The ordinals (and state sides) of the two inputs."""
-
-
-def is_late(ts: int, wm: int) -> bool:
-    """Whether an event of time ``ts`` is late at a join whose watermark is ``wm``: below it.
-    Both joins drop state exactly so that an event at or above the watermark still finds
-    every entry it can match; the member's processors and the model judge by this."""
-    return ts < wm
-
-
-def pair(left: Any, right: Any) -> tuple[Any, Any]:
-    """The default result of a join: the tuple ``(left, right)``."""
-    return (left, right)
 
 
 class JoinWatermark:
@@ -81,7 +71,7 @@ class StreamJoinProcessor(EventTimeProcessor):
         wm = self.wm
         out: list[Any] = []
         items = inbox.drain()
-        late = [x for t, x in items if t < wm]  # is_late, inlined
+        late = [x for t, x in items if t < wm]  # below the watermark: late
         if late:
             items = [e for e in items if e[0] >= wm]
         self._add_all(ordinal, [(key_fn(x), t, x) for t, x in items], out)
