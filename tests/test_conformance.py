@@ -19,7 +19,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from reference.generate import model_of, scenarios, skewed_partitions
+from reference.generate import joined_backlogs, model_of, scenarios, skewed_partitions
 from reference.model import expected_run
 from reference.result import difference
 from reference.runners import RUNTIMES, Runtime, run_on_member, run_on_member_items
@@ -123,4 +123,13 @@ def test_a_state_exactly_the_ttl_behind_the_watermark_is_kept_for_the_keys_next_
     spec, inputs = ttl_boundary()
     run = run_on_member_items(spec, inputs)
     assert (1100, "k0", 3, 3) in run.outputs["ms"]  # k0's one state: the sum of its three
+    assert difference(expected_run(model_of(spec, inputs)), run) == ""
+
+
+@pytest.mark.parametrize("order", ["round_robin", "sequential", "random"])
+def test_joins_of_two_skewed_backlogs_emit_every_pair_once_and_no_late_event(order):
+    spec, inputs = joined_backlogs()
+    run = run_on_member(spec, inputs, order=order)
+    assert run.late_counts == {"ij": 0, "aj": 0}
+    assert sum(run.outputs["ij"].values()) == 495 and sum(run.outputs["aj"].values()) == 120
     assert difference(expected_run(model_of(spec, inputs)), run) == ""

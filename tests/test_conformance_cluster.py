@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from support.cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
-from reference.generate import skewed_partitions
+from reference.generate import joined_backlogs, skewed_partitions
 from reference.process_runtimes import (
     cluster_expected, cluster_scenarios, functions_by_value, run_on_cluster,
 )
@@ -154,3 +154,8 @@ def test_job_metrics_of_a_running_cluster_job_sum_every_members_processors(
             assert job.status.value == "RUNNING"
         finally:
             job.cancel()
+
+
+def test_joins_of_two_skewed_backlogs_on_a_three_member_cluster(three: ClusterProcesses):
+    # each join's two inputs partitioned by key across the members: every pair meets once
+    assert_conforms_on(three, *joined_backlogs(), order="random", batch=8, via=1)

@@ -34,6 +34,8 @@ from jetwake.engine.processors.map_stateful import MapStatefulEntries
 from jetwake.engine.processors.map_lookup import MapLookup
 from jetwake.engine.processors.table_join import TableEntries, TableJoinRule, apply_changes
 from jetwake.engine.backfill import aggregations, event_time, keyed, windows
+from jetwake.engine.backfill import joins
+from jetwake.engine.pipeline.transforms import AsofJoinTransform, IntervalJoinTransform
 from jetwake.engine.backfill.chunks import chunked, stateless_chunk_function
 from jetwake.engine.backfill.connector_forms import SparkReader, SparkWriter
 from jetwake.engine.backfill.stage_output import StageOut
@@ -432,6 +434,14 @@ class Translator:
                                                              timed))
         return StageOut(self.split(name, tagged), timed=timed, timestamped=up.timestamped,
                         unbounded=up.unbounded, cut=up.cut, last_watermark=up.last_watermark)
+
+    def interval_join(self, t: IntervalJoinTransform) -> StageOut:
+        """``join_interval``: both inputs by join key, the member's join per partition."""
+        return joins.interval_join(self, t)
+
+    def asof_join(self, t: AsofJoinTransform) -> StageOut:
+        """``join_asof``: both inputs by join key, the member's join per partition."""
+        return joins.asof_join(self, t)
 
     def map_stateful(self, t: MapStatefulTransform) -> StageOut:
         up = self.outs[id(t.upstream[0])]

@@ -27,6 +27,7 @@ from jetwake.engine.pipeline.transforms import (
     SideSinkTransform, SinkTransform, SortTransform, SourceTransform, StatelessTransform,
     TimestampTransform, Transform, WindowAggregateTransform,
 )
+from jetwake.engine.pipeline.transforms import AsofJoinTransform, IntervalJoinTransform
 
 __all__ = ["Pipeline", "Stage", "GroupedStage", "SinkStage", "PipelineError", "WindowedStage",
            "WindowedGroupedStage"]
@@ -295,6 +296,102 @@ class Stage(_StageBase):
         return Stage(self.pipeline, t, is_stream=self.is_stream or other.is_stream,
                      timestamp_fn=self.timestamp_fn if other.timestamp_fn else None,
                      native_timestamp_fn=None)
+
+    # --- joins of two streams in event time ------------------------------------------------
+
+    def join_interval(self, other: "Stage", key_fn: Callable[[Any], Any],
+                      other_key_fn: Callable[[Any], Any], lower_ms: int, upper_ms: int,
+                      fn: Callable[[Any, Any], Any] | None = None, *,
+                      late_events_to: Sink | None = None) -> "Stage":
+        """Joins this stream (left) with ``other`` (right) in event time: each pair of a left
+        item at ``tl`` and a right item at ``tr`` with ``key_fn(left) == other_key_fn(right)``
+        and ``tl + lower_ms <= tr <= tl + upper_ms`` is emitted once, as
+        ``fn(left, right)`` (default: the tuple ``(left, right)``; a None result is dropped),
+        at the event time ``max(tl, tr)``, so windows can follow.
+
+        Both stages need timestamps. The state is bounded by the watermark: a left item is
+        dropped once the watermark passes ``tl + upper_ms``, a right one once it passes
+        ``tr - lower_ms``; an item below the watermark is late, counted in ``late_events``
+        and dropped, or sent to ``late_events_to`` (a sink) when given.
+        See docs/enrichment.md, "Joining two streams in event time".
+        """
+        where = f"join_interval() after stage {self.name!r}"
+        self._check_stream_join(other, key_fn, other_key_fn, fn, late_events_to, where)
+        for value, what in ((lower_ms, "lower_ms"), (upper_ms, "upper_ms")):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{where}: {what} must be an int (ms of event time, may be "
+                                f"negative), got {type(value).__qualname__}: {value!r}")
+        if lower_ms > upper_ms:
+            raise PipelineError(f"{where}: lower_ms ({lower_ms}) is above upper_ms "
+                                f"({upper_ms}): no right time can lie in [left time + "
+                                f"{lower_ms}, left time + {upper_ms}]; swap them")
+        t = IntervalJoinTransform(self.transform, other.transform, key_fn, other_key_fn,
+                                  lower_ms, upper_ms, fn)
+        return self._stream_join(t, other, "interval-join", late_events_to)
+
+    def join_asof(self, other: "Stage", key_fn: Callable[[Any], Any],
+                  other_key_fn: Callable[[Any], Any], *, tolerance_ms: int | None = None,
+                  fn: Callable[[Any, Any], Any] | None = None, how: str = "left",
+                  late_events_to: Sink | None = None) -> "Stage":
+        """Joins each item of this stream (left) with the latest item of ``other`` (right)
+        of the same key (``key_fn(left) == other_key_fn(right)``) at or before its event
+        time, and at most ``tolerance_ms`` before it when given; among right items of one
+        key and time, the last to arrive. Emits ``fn(left, right)`` (default: the tuple
+        ``(left, right)``; a None result is dropped) at the left item's time. A left item
+        without a right one gives ``fn(left, None)`` with ``how="left"`` (the default) and
+        nothing with ``how="inner"``.
+
+        Both stages need timestamps. Deterministic in event time: a left item waits until
+        the watermark passes its time, when no right item at or before it can come any
+        more. Per key, only the right items a later left item can still need are kept. An
+        item below the watermark is late: counted in ``late_events`` and dropped, or sent to
+        ``late_events_to``. See docs/enrichment.md, "Joining two streams in event time".
+        """
+        where = f"join_asof() after stage {self.name!r}"
+        self._check_stream_join(other, key_fn, other_key_fn, fn, late_events_to, where)
+        if tolerance_ms is not None:
+            if isinstance(tolerance_ms, bool) or not isinstance(tolerance_ms, int):
+                raise TypeError(f"{where}: tolerance_ms must be an int (ms of event time) or "
+                                f"None, got {type(tolerance_ms).__qualname__}: "
+                                f"{tolerance_ms!r}")
+            if tolerance_ms < 0:
+                raise PipelineError(f"{where}: tolerance_ms must be 0 or more (how far "
+                                    f"before the left item a right one may lie), got "
+                                    f"{tolerance_ms}; use None for no limit")
+        if how not in ("left", "inner"):
+            raise PipelineError(f"{where}: how must be 'left' (a left item without a match "
+                                f"gives fn(left, None)) or 'inner' (it gives nothing), got "
+                                f"{how!r}")
+        t = AsofJoinTransform(self.transform, other.transform, key_fn, other_key_fn,
+                              tolerance_ms, fn, how)
+        return self._stream_join(t, other, "asof-join", late_events_to)
+
+    def _check_stream_join(self, other: Any, key_fn: Any, other_key_fn: Any, fn: Any,
+                           late_sink: Any, where: str) -> None:
+        self._check_same_pipeline(other, where)
+        check_fn(key_fn, f"{where}: key_fn")
+        check_fn(other_key_fn, f"{where}: other_key_fn")
+        if fn is not None:
+            check_fn(fn, f"{where}: fn")
+        if late_sink is not None and not isinstance(late_sink, Sink):
+            raise TypeError(f"{where}: late_events_to expects a Sink (from jetwake.Sinks), "
+                            f"got {type(late_sink).__qualname__}")
+        for s, side in ((self, "left"), (other, "right")):
+            if not s.has_timestamps:
+                raise PipelineError(
+                    f"{where}: the {side} stage {s.name!r} has no timestamps; a join in "
+                    "event time needs both; call with_timestamps(timestamp_fn, allowed_lag) "
+                    "on it (or with_native_timestamps(lag) on a source with native "
+                    "timestamps) before the join")
+
+    def _stream_join(self, t: Transform, other: "Stage", base_name: str,
+                     late_sink: Sink | None) -> "Stage":
+        self.pipeline._add(t, base_name)
+        if late_sink is not None:
+            t.side_sink = late_sink
+            self.pipeline._add(SideSinkTransform(t, late_sink), late_sink.name)
+        return Stage(self.pipeline, t, is_stream=self.is_stream or other.is_stream,
+                     timestamp_fn=_pair_timestamp, native_timestamp_fn=None)
 
     def hash_join(self, build: "Stage", key_fn: Callable[[Any], Any],
                   join_fn: Callable[[Any, Any], Any] = lambda item, value: (item, value), *,

@@ -18,7 +18,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from jetwake.engine.core.errors import PipelineError
-from jetwake.engine.core.dag import Vertex
+from jetwake.engine.core.dag import Edge, Vertex
 from jetwake.engine.operations.aggregate import AggregateOperation
 from jetwake.engine.pipeline.connector import Sink, Source
 from jetwake.engine.pipeline.event_time import key_on_item, with_event_time_in_source
@@ -32,6 +32,8 @@ from jetwake.engine.processors.aggregation import (
 )
 from jetwake.engine.processors.distinct import DistinctProcessor
 from jetwake.engine.processors.hash_join import HashJoinProcessor
+from jetwake.engine.processors.asof_join import AsofJoinProcessor
+from jetwake.engine.processors.interval_join import IntervalJoinProcessor
 from jetwake.engine.processors.insert_watermarks import InsertWatermarksProcessor
 from jetwake.engine.processors.map_stateful import MapStatefulProcessor
 from jetwake.engine.processors.pass_through import PassThroughProcessor
@@ -57,6 +59,7 @@ __all__ = [
     "HashJoinTransform", "CustomTransform", "SinkTransform", "TimestampTransform",
     "WindowAggregateTransform", "RollingAggregateTransform", "MapStatefulTransform",
     "SideSinkTransform", "MapUsingMapTransform", "JoinTableTransform",
+    "IntervalJoinTransform", "AsofJoinTransform",
 ]
 
 _first = itemgetter(0)
@@ -642,3 +645,75 @@ class MapStatefulTransform(Transform):
             self.name, self.create_fn, self.map_fn, self.key_fn, self.ttl, self.on_evict)
         _plan_keyed_vertex(planner, self, key_fn, lambda: MapStatefulProcessor(
             name, create_fn, map_fn, key_fn, timestamped, ttl, on_evict), timestamped)
+
+
+# --- joins of two streams in event time ------------------------------------------------------
+
+def _plan_stream_join(planner: Planner, t: Transform, key_fns: tuple[Callable[[Any], Any], ...],
+                      factory: Callable[[], Any]) -> None:
+    """A join of two timestamped streams: one vertex, the left input on ordinal 0 and the
+    right on 1, each partitioned by its join key over the cluster so that equal keys meet in
+    one processor; late events to the side sink when there is one; a timestamped output."""
+    for up in t.upstream:
+        if planner.output(up).form is not _TIMESTAMPED:
+            raise PipelineError(f"stage {t.name!r}: its input {up.name!r} has no timestamps; "
+                                "call with_timestamps() on it before the join")
+    v = planner.vertex(t.name, factory, t)
+    if t.side_sink is not None:
+        _plan_side_sink(planner, t, v)
+    for up, kf in zip(t.upstream, key_fns):
+        planner.connect(t, up, v, _partitioned_by(key_on_item(kf)), takes=_TIMESTAMPED)
+    planner.set_output(t, Output(v, form=_TIMESTAMPED))
+
+
+def _partitioned_by(key_fn: Callable[[Any], Any]) -> Callable[[Edge], Edge]:
+    """Configures an edge distributed and partitioned by ``key_fn``."""
+    return lambda e: e.distributed().partitioned(key_fn)
+
+
+class IntervalJoinTransform(Transform):
+    kind = "interval-join"
+
+    def __init__(self, left: Transform, right: Transform, key_fn: Callable[[Any], Any],
+                 other_key_fn: Callable[[Any], Any], lower: int, upper: int,
+                 fn: Callable[[Any, Any], Any] | None) -> None:
+        super().__init__([left, right])
+        self.key_fn = key_fn
+        self.other_key_fn = other_key_fn
+        self.lower = lower
+        self.upper = upper
+        self.fn = fn
+        self.side_sink = None  # late events
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.interval_join(self)
+
+    def add_to_dag(self, planner: Planner) -> None:
+        args = (self.name, self.key_fn, self.other_key_fn, self.lower, self.upper, self.fn,
+                self.side_sink is not None)
+        _plan_stream_join(planner, self, (self.key_fn, self.other_key_fn),
+                          lambda: IntervalJoinProcessor(*args))
+
+
+class AsofJoinTransform(Transform):
+    kind = "asof-join"
+
+    def __init__(self, left: Transform, right: Transform, key_fn: Callable[[Any], Any],
+                 other_key_fn: Callable[[Any], Any], tolerance: int | None,
+                 fn: Callable[[Any, Any], Any] | None, how: str) -> None:
+        super().__init__([left, right])
+        self.key_fn = key_fn
+        self.other_key_fn = other_key_fn
+        self.tolerance = tolerance
+        self.fn = fn
+        self.how = how
+        self.side_sink = None  # late events
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.asof_join(self)
+
+    def add_to_dag(self, planner: Planner) -> None:
+        args = (self.name, self.key_fn, self.other_key_fn, self.tolerance, self.fn, self.how,
+                self.side_sink is not None)
+        _plan_stream_join(planner, self, (self.key_fn, self.other_key_fn),
+                          lambda: AsofJoinProcessor(*args))

@@ -27,7 +27,7 @@ from .model import ModelResult, is_determinate, record_times, run_model
 from .spec import COMBINING_OPS, ORDER_FREE_OPS, Inputs, Spec, check_spec
 
 __all__ = ["scenarios", "specs", "inputs_for", "repair", "build_pipeline", "engine_op",
-           "skewed_partitions",
+           "skewed_partitions", "joined_backlogs",
            "model_of", "out_label", "late_label", "SourceFactory", "SinkFactory"]
 
 def skewed_partitions(partitions: int, per_partition: int, newest: int,
@@ -37,6 +37,22 @@ def skewed_partitions(partitions: int, per_partition: int, newest: int,
     order (within a lag of 60), keyed by its partition (as a keyed topic's)."""
     return [[(newest - p * apart + 20 * i - (7 * i) % 60, f"k{p}", i % 10, 100 * p + i)
              for i in range(per_partition)] for p in range(partitions)]
+
+
+def joined_backlogs() -> tuple[Spec, Inputs]:
+    """Two sources of three partitions each after downtime (:func:`skewed_partitions`, 10 s
+    apart, disorder within the lag), the second 15 ms later than the first, joined by key in
+    an interval join (``[-30, 30]``) and an as-of join (tolerance 100): every record has
+    partners, and under one watermark over all partitions the records of the partitions
+    behind would all be late."""
+    a = skewed_partitions(3, 40, 50_000, 10_000)
+    b = [[(t + 15, k, v, 10_000 + s) for t, k, v, s in part] for part in a]
+    spec = {"sources": [{"name": "a", "lag": 60}, {"name": "b", "lag": 60}],
+            "stages": [{"id": "ij", "kind": "interval_join", "inputs": ["a", "b"],
+                        "lower": -30, "upper": 30},
+                       {"id": "aj", "kind": "asof_join", "inputs": ["a", "b"],
+                        "tolerance": 100, "how": "left"}]}
+    return spec, {"partitions": {"a": a, "b": b}, "build": []}
 
 
 SourceFactory = Callable[[str, list], Any]
@@ -146,15 +162,31 @@ def _map_stateful(draw: Any, ids: _Ids, node: str, stages: list, with_window: bo
 
 
 @st.composite
+def _stream_join(draw: Any, ids: _Ids, inputs: list[str]) -> dict:
+    """A join of two streams in event time: an interval join (bounds around the left time,
+    before it, after it, or one instant) or an as-of join (with or without a tolerance)."""
+    if draw(st.booleans()):
+        lower, upper = draw(st.sampled_from([(-50, 50), (0, 100), (-200, 0), (10, 30),
+                                             (0, 0), (-20, -5)]))
+        return {"id": ids("ij"), "kind": "interval_join", "inputs": inputs, "lower": lower,
+                "upper": upper}
+    return {"id": ids("aj"), "kind": "asof_join", "inputs": inputs,
+            "tolerance": draw(st.sampled_from([None, None, 0, 50, 300])),
+            "how": draw(st.sampled_from(["left", "inner"]))}
+
+
+@st.composite
 def specs(draw: Any, streaming: bool = False) -> Spec:
     """A pipeline spec: one source and a chain with one to three branches (or windows of
-    several slides, or a ttl stage with a window), or two sources merged or co-aggregated in
-    windows. ``streaming``: for a streaming job (or a backfill over Kafka), without the batch
-    ``aggregate``, which emits at the end of a stream (``model.py``, "Streaming")."""
+    several slides, or a ttl stage with a window), or two sources merged, co-aggregated in
+    windows or joined in event time (``interval_join``, ``asof_join``). ``streaming``: for a
+    streaming job (or a backfill over Kafka), without the batch ``aggregate``, which emits at
+    the end of a stream (``model.py``, "Streaming")."""
     ids = _Ids()
     lags = st.sampled_from([0, 5, 20, 50, 200])
-    shape = draw(st.sampled_from(["single", "single", "windows", "ttl", "merge", "cogroup"]))
-    names = ["a", "b"] if shape in ("merge", "cogroup") else ["a"]
+    shape = draw(st.sampled_from(["single", "single", "windows", "ttl", "merge", "cogroup",
+                                  "join"]))
+    names = ["a", "b"] if shape in ("merge", "cogroup", "join") else ["a"]
     sources = [{"name": n, "lag": draw(lags)} for n in names]
     stages: list[dict] = []
     heads = [_stateless_chain(draw, ids, n, stages, 2) for n in names]
@@ -171,13 +203,16 @@ def specs(draw: Any, streaming: bool = False) -> Spec:
         m = ids("m")
         stages.append({"id": m, "kind": "merge", "inputs": heads})
         trunk, ordered = _stateless_chain(draw, ids, m, stages, 1), False
+    elif shape == "join":
+        stages.append(draw(_stream_join(ids, heads)))
+        trunk, ordered = None, True
     else:
         stages.append(draw(_window(ids, heads)))
         trunk, ordered = None, True
     if trunk is not None:
         for _ in range(draw(st.integers(1, 3))):
             draw(_tail(ids, trunk, ordered, stages, streaming))
-    elif shape == "cogroup" and draw(st.booleans()):
+    elif shape in ("cogroup", "join") and draw(st.booleans()):
         draw(_tail(ids, heads[draw(st.integers(0, 1))], True, stages, streaming))
     spec = {"sources": sources, "stages": stages}
     check_spec(spec)
@@ -407,6 +442,12 @@ def build_pipeline(spec: Spec, inputs: Inputs, source_for: SourceFactory,
             out = up.group_by(key_of).aggregate(op) if s["keyed"] else up.aggregate(op)
         elif kind == "distinct":
             out = up.group_by(key_of).distinct() if s["keyed"] else up.distinct()
+        elif kind == "interval_join":
+            out = up.join_interval(stage[s["inputs"][1]], key_of, key_of, s["lower"],
+                                   s["upper"])
+        elif kind == "asof_join":
+            out = up.join_asof(stage[s["inputs"][1]], key_of, key_of,
+                               tolerance_ms=s["tolerance"], how=s["how"])
         elif kind == "hash_join":
             build = p.read_from(Sources.items(list(inputs.get("build", [])))) \
                 .set_name(f"{sid}-build")

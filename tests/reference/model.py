@@ -23,6 +23,23 @@ its partitions. A stage sees the lowest watermark of its inputs. What an event m
   highest timestamp (since the state was created) plus the ttl (Jet's rule: a state exactly
   the ttl behind the watermark is kept, as an event exactly the ttl behind it is on time).
 
+- a join of two streams (``interval_join``, ``asof_join``), when its timestamp is below the
+  watermark (the lowest of its two inputs').
+
+Joins of two streams
+--------------------
+``interval_join`` emits every pair of an on-time left and an on-time right record of the same
+key whose right time lies in ``[left time + lower, left time + upper]`` (both bounds
+inclusive), as ``(left, right)``. ``asof_join`` matches each on-time left record with the
+latest on-time right record of its key at or before its time (within ``tolerance`` of it when
+there is one; among right records of one time, the last in its partition's order, each key's
+right records all coming from one partition), as ``(left, right)``, or ``(left, None)``
+without one when ``how`` is "left" (nothing when "inner"). A streaming run has emitted the
+left records below the join's final watermark only: the others still wait for it to pass
+them. A join's inputs come from two sources, so its watermark is never fixed by one
+partition: an event beyond its partition's lag is on time determinately only if it is on time
+at its own partition's watermark, and never determinately late.
+
 Determinacy
 -----------
 The watermark ``W`` a stage has seen when an event ``e`` of partition ``P`` arrives depends on
@@ -527,6 +544,49 @@ class _Model:
                 out += [Event((e.item, v), None, e.origin) for v in matches]
             elif stage["outer"]:
                 out.append(Event((e.item, None), None, e.origin))
+        return out
+
+
+    def _on_time(self, stage: dict, events: list[Event]) -> list[Event]:
+        """The events a join of two streams does not judge late (the late ones recorded)."""
+        kept = []
+        for e in events:
+            if self._judge(stage, e, late_at_session):  # the same rule: below the watermark
+                self._late(stage, e)
+            else:
+                kept.append(e)
+        return kept
+
+    def _interval_join(self, stage: dict, lefts: list[Event], rights: list[Event]
+                       ) -> list[Event]:
+        sid = stage["id"]
+        self.result.late.setdefault(sid, [])
+        self.result.late_positions.setdefault(sid, [])
+        lefts, rights = self._on_time(stage, lefts), self._on_time(stage, rights)
+        lower, upper = stage["lower"], stage["upper"]
+        return [Event((a.item, b.item), max(_time(a), _time(b)), ())
+                for a in lefts for b in rights
+                if key_of(a.item) == key_of(b.item)
+                and _time(a) + lower <= _time(b) <= _time(a) + upper]
+
+    def _asof_join(self, stage: dict, lefts: list[Event], rights: list[Event]) -> list[Event]:
+        sid = stage["id"]
+        self.result.late.setdefault(sid, [])
+        self.result.late_positions.setdefault(sid, [])
+        lefts, rights = self._on_time(stage, lefts), self._on_time(stage, rights)
+        tolerance = stage["tolerance"]
+        out = []
+        for a in lefts:
+            if not self.bounded and _time(a) >= self.result.final_watermark[sid]:
+                continue  # still waiting for the watermark to pass it
+            candidates = [b for b in rights if key_of(b.item) == key_of(a.item)
+                          and _time(b) <= _time(a)
+                          and (tolerance is None or _time(b) >= _time(a) - tolerance)]
+            if candidates:
+                best = max(candidates, key=lambda b: (_time(b), b.origin))
+                out.append(Event((a.item, best.item), _time(a), a.origin))
+            elif stage["how"] == "left":
+                out.append(Event((a.item, None), _time(a), a.origin))
         return out
 
 

@@ -35,8 +35,8 @@ JOB_TIMEOUT = 60  # seconds; a conformance job takes milliseconds
 
 
 def late_vertices(stage_id: str) -> tuple[str, ...]:
-    """The vertices of a window or ttl stage that may count late events: a two-stage window's
-    frame accumulator and its combiner, or the stage's one vertex."""
+    """The vertices of a window, ttl or join stage that may count late events: a two-stage
+    window's frame accumulator and its combiner, or the stage's one vertex."""
     return (stage_id, f"{stage_id}-accumulate")
 
 
@@ -49,7 +49,8 @@ def collect(spec: Spec, read_sink: Callable[[str], list], metrics: dict[str, dic
     for s in spec["stages"]:
         if s["kind"] == "window" and s["late_sink"]:
             result.late_items[s["id"]] = multiset(read_sink(late_label(s["id"])))
-        if s["kind"] == "window" or (s["kind"] == "map_stateful" and s["ttl"] is not None):
+        if s["kind"] in ("window", "interval_join", "asof_join") or (
+                s["kind"] == "map_stateful" and s["ttl"] is not None):
             result.late_counts[s["id"]] = sum(metrics.get(v, {}).get("late_events", 0)
                                               for v in late_vertices(s["id"]))
     return result

@@ -23,6 +23,10 @@ sink of its own, so a run shows what each one emitted. Stage kinds and their key
 - ``aggregate`` (batch): ``op``, ``keyed``.
 - ``distinct``: ``keyed`` (the first record of each key) or not (each distinct record).
 - ``hash_join``: ``outer``; the build side is ``inputs["build"]``, ``(key, value)`` pairs.
+- ``interval_join``: two inputs (left, right), ``lower`` and ``upper`` (ms, ``lower <=
+  upper``): ``join_interval`` by the record's key, its pairs end the branch.
+- ``asof_join``: two inputs (left, right), ``tolerance`` (ms or None), ``how`` ("left" or
+  "inner"): ``join_asof`` by the record's key, its results end the branch.
 
 Inputs are ``{"partitions": {source: [partition 0's records, ...]}, "build": [...]}``;
 records are ``(ts, key, value, seq)`` (see ``functions.py``).
@@ -124,7 +128,8 @@ def check_spec(spec: Spec) -> None:
             if shape[i][0] != "record":
                 raise SpecError(f"stage {sid!r}: its input {i!r} does not emit records")
         stamped = all(shape[i][1] for i in ins)
-        if kind == "merge" or (kind == "window" and s.get("join")):
+        if kind in ("merge", "interval_join", "asof_join") or (kind == "window"
+                                                                 and s.get("join")):
             want = 2
         else:
             want = (len(s.get("ops", ())) or 1) if kind == "window" else 1
@@ -175,5 +180,18 @@ def check_spec(spec: Spec) -> None:
             shape[sid] = ("record", False, False)
         elif kind == "hash_join":
             shape[sid] = ("pair", False, True)
+        elif kind in ("interval_join", "asof_join"):
+            if not stamped:
+                raise SpecError(f"stage {sid!r}: a join in event time needs timestamped inputs")
+            if kind == "interval_join" and not (
+                    isinstance(s["lower"], int) and isinstance(s["upper"], int)
+                    and s["lower"] <= s["upper"]):
+                raise SpecError(f"stage {sid!r}: lower and upper must be ints, lower <= upper")
+            if kind == "asof_join" and (s["how"] not in ("left", "inner") or (
+                    s["tolerance"] is not None and (not isinstance(s["tolerance"], int)
+                                                    or s["tolerance"] < 0))):
+                raise SpecError(f"stage {sid!r}: how must be 'left' or 'inner', tolerance "
+                                "None or an int >= 0")
+            shape[sid] = ("pair", True, True)
         else:
             raise SpecError(f"stage {sid!r}: unknown kind {kind!r}")

@@ -260,6 +260,55 @@ def test_an_outer_hash_join_pairs_an_unmatched_item_with_none():
         ((0, "x", 1, 0), "x1"), ((0, "x", 1, 0), "x2"), ((1, "y", 2, 1), None)]
 
 
+def two_sources(stage: dict, a: list, b: list, lag: int = 0) -> tuple[dict, dict]:
+    spec = {"sources": [{"name": "a", "lag": lag}, {"name": "b", "lag": lag}],
+            "stages": [stage]}
+    return spec, {"partitions": {"a": [a], "b": [b]}, "build": []}
+
+
+def test_an_interval_join_pairs_every_right_record_within_both_inclusive_bounds():
+    left = [(100, "k", 1, 0)]
+    right = [(89, "k", 1, 10), (90, "k", 2, 11), (120, "k", 3, 12), (121, "k", 4, 13),
+             (100, "x", 5, 14)]
+    spec, inputs = two_sources({"id": "j", "kind": "interval_join", "inputs": ["a", "b"],
+                                "lower": -10, "upper": 20}, left, right, lag=100)
+    assert sorted(run_model(spec, inputs).outputs["j"]) == [
+        ((100, "k", 1, 0), (90, "k", 2, 11)), ((100, "k", 1, 0), (120, "k", 3, 12))]
+
+
+def test_an_asof_join_takes_the_latest_right_record_at_or_before_the_last_in_its_order():
+    left = [(100, "k", 1, 0), (50, "x", 2, 1)]
+    right = [(90, "k", 1, 10), (100, "k", 2, 11), (100, "k", 3, 12), (101, "k", 4, 13)]
+    stage = {"id": "j", "kind": "asof_join", "inputs": ["a", "b"], "tolerance": None,
+             "how": "left"}
+    spec, inputs = two_sources(stage, left, right, lag=100)
+    assert sorted(run_model(spec, inputs).outputs["j"]) == [
+        ((50, "x", 2, 1), None), ((100, "k", 1, 0), (100, "k", 3, 12))]
+    stage.update(how="inner", tolerance=0)
+    assert run_model(spec, inputs).outputs["j"] == [((100, "k", 1, 0), (100, "k", 3, 12))]
+
+
+def test_a_streaming_asof_join_has_emitted_the_left_records_below_its_final_watermark():
+    # final watermarks: a 300, b 250 (lag 0): the join's is 250; the left at 250 still waits
+    left = [(100, "k", 1, 0), (250, "k", 2, 1), (300, "k", 3, 2)]
+    right = [(90, "k", 1, 10), (250, "k", 2, 11)]
+    spec, inputs = two_sources({"id": "j", "kind": "asof_join", "inputs": ["a", "b"],
+                                "tolerance": None, "how": "left"}, left, right)
+    m = run_model(spec, inputs, bounded=False)
+    assert m.final_watermark["j"] == 250
+    assert m.outputs["j"] == [((100, "k", 1, 0), (90, "k", 1, 10))]
+
+
+def test_a_join_never_judges_a_record_determinately_late_but_may_leave_it_open():
+    # b's second record is 50 behind its partition (lag 0): its fate depends on a's progress
+    spec, inputs = two_sources({"id": "j", "kind": "interval_join", "inputs": ["a", "b"],
+                                "lower": 0, "upper": 0}, [(100, "k", 1, 0)],
+                               [(100, "k", 1, 10), (50, "k", 2, 11)])
+    m = run_model(spec, inputs)
+    assert [d.what for d in m.indeterminate] == ["late"]
+    assert repair(spec, inputs)["partitions"]["b"][0][1][0] == 100  # moved to the lag's edge
+
+
 def test_a_keyed_distinct_keeps_each_keys_first_record():
     spec = one_source(0, {"id": "d", "kind": "distinct", "inputs": ["a"], "keyed": True})
     m = run_model(spec, partitions([(5, "x", 1, 0), (1, "y", 2, 1), (0, "x", 3, 2)]))
@@ -386,8 +435,8 @@ def test_a_batch_aggregation_emits_nothing_in_a_stream():
 @given(st.data())
 def test_a_streaming_run_is_a_bounded_one_without_what_the_end_of_the_stream_flushes(data):
     """Streaming and bounded runs judge the same events late and leave the same things open;
-    streaming emits a part of each window stage's results and of the evictions, and the
-    rest as is."""
+    streaming emits a part of each window stage's results, of the evictions and of an as-of
+    join's results, and the rest as is."""
     spec = data.draw(specs())
     inputs = data.draw(inputs_for(spec))
     batch, streamed = run_model(spec, inputs), run_model(spec, inputs, bounded=False)
@@ -404,6 +453,10 @@ def test_a_streaming_run_is_a_bounded_one_without_what_the_end_of_the_stream_flu
                 assert all(r[2] <= wm for r in got) and all(r[2] > wm for r in full - got)
             else:
                 assert all(r[0] == "evicted" for r in full - got)
+        elif s["kind"] == "asof_join":  # the left records the final watermark passed
+            assert not got - full
+            wm = streamed.final_watermark[s["id"]]
+            assert all(r[0][0] < wm for r in got) and all(r[0][0] >= wm for r in full - got)
         else:
             assert got == full
 
