@@ -34,6 +34,7 @@ class HttpService:
         self.by_key: dict[str, list[int]] = defaultdict(list)
         self.key_busy: set[str] = set()
         self.key_overlaps = 0
+        self.callers: set[str] = set()  # the X-Caller headers seen (a member's process id)
         service = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -43,6 +44,7 @@ class HttpService:
                 key = q.get("key", [""])[0]
                 with service.lock:
                     service.requests += 1
+                    service.callers.add(self.headers.get("X-Caller", ""))
                     service.in_flight += 1
                     service.max_in_flight = max(service.max_in_flight, service.in_flight)
                     service.attempts[x] += 1
