@@ -66,6 +66,9 @@ class ServiceFactory:
             service = self.create_fn()
             if inspect.isawaitable(service):
                 if run is None:
+                    close = getattr(service, "close", None)
+                    if close is not None:
+                        close()  # never awaited: no "coroutine was never awaited" warning
                     raise TypeError("create_fn returned an awaitable (an async create_fn): "
                                     "only map_using_service_async runs it; give "
                                     "map_using_service a plain function")
