@@ -71,19 +71,21 @@ def test_unordered_results_are_complete(member):
 
 
 def test_calls_in_flight_reach_max_concurrent(member):
-    with HttpService(latency_ms=30) as svc:
+    # calls long enough for the server to see every call of a wave at once, even on a busy
+    # machine
+    with HttpService(latency_ms=100) as svc:
         p = Pipeline()
-        (p.read_from(Sources.items(range(300)))
+        (p.read_from(Sources.items(range(144)))
           .map_using_service_async(aiohttp_factory(), call_service(svc.url), max_concurrent=24)
           .set_local_parallelism(1)
           .write_to(Sinks.list("concurrent")))
         job = run(member, p)
     assert svc.max_in_flight == 24
     m = job.metrics()["map-using-service"]
-    assert m["calls"] == 300 and m["calls_in_flight"] == 0
-    # the latency histogram gives percentiles around the service's 30 ms
-    assert 25 <= m["call_latency_p50_ms"] <= 75
-    assert m["call_latency_p50_ms"] <= m["call_latency_p95_ms"] <= m["call_latency_p99_ms"]
+    assert m["calls"] == 144 and m["calls_in_flight"] == 0
+    # the latency histogram's percentiles: no call is faster than the service's 100 ms
+    assert 100 <= m["call_latency_p50_ms"] <= m["call_latency_p95_ms"] \
+        <= m["call_latency_p99_ms"]
 
 
 def test_retries_until_a_call_succeeds(member):

@@ -56,16 +56,18 @@ class HttpService:
                         service.key_busy.add(key)
                 try:
                     time.sleep((service.latency_ms + service.slow.get(x, 0)) / 1000)
-                    failing = x in service.fail or attempt <= service.fail_first
-                    body = b"failing" if failing else str(x * 10).encode()
-                    self.send_response(500 if failing else 200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
                 finally:
+                    # the call ends before its answer leaves: the client may send the key's
+                    # next call as soon as it has the answer
                     with service.lock:
                         service.in_flight -= 1
                         service.key_busy.discard(key)
+                failing = x in service.fail or attempt <= service.fail_first
+                body = b"failing" if failing else str(x * 10).encode()
+                self.send_response(500 if failing else 200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, fmt: str, *args: object) -> None:  # quiet
                 pass
