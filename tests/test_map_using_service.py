@@ -158,6 +158,34 @@ def test_a_call_longer_than_timeout_ms_fails(member):
     assert record["item"] == 5 and record["error_type"] == "CallTimeout"
 
 
+def blocking_call(url: str, x: int) -> int:
+    from urllib.request import urlopen
+    with urlopen(f"{url}?x={x}", timeout=10) as reply:
+        return int(reply.read())
+
+
+def test_blocking_calls_that_fail_go_to_errors_to_or_fail_the_job(member):
+    with HttpService(fail={4}) as svc:
+        p = Pipeline()
+        (p.read_from(Sources.items(range(8)))
+          .map_using_service(ServiceFactory(lambda: svc.url), blocking_call,
+                             errors_to=Sinks.list("blocking-errors"))
+          .write_to(Sinks.list("blocking")))
+        job = run(member, p)
+        assert sorted(member.get_list("blocking")) == [x * 10 for x in range(8) if x != 4]
+        [record] = list(member.get_list("blocking-errors"))
+        assert record["item"] == 4 and "HTTP Error 500" in record["error"]
+        assert job.metrics()["map-using-service"]["call_failures"] == 1
+
+        p = Pipeline()
+        (p.read_from(Sources.items(range(8)))
+          .map_using_service(ServiceFactory(lambda: svc.url), blocking_call)
+          .write_to(Sinks.noop()))
+        with pytest.raises(Exception) as err:
+            run(member, p)
+    assert "map-using-service" in str(err.value) and "item 4" in str(err.value)
+
+
 class Lifecycle:
     """Counts the services created and destroyed (in this process: the member is here)."""
 
