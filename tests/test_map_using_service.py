@@ -13,7 +13,8 @@ import pytest
 import tenacity
 
 from jetwake import (
-    Member, Pipeline, PipelineError, ServiceError, ServiceFactory, Sinks, Sources, TestSources,
+    JobConfig, Member, Pipeline, PipelineError, Processor, ServiceError, ServiceFactory, Sinks,
+    Sources, TestSources,
     Watermark,
 )
 from jetwake.engine.core.processor import Inbox, Outbox, ProcessorContext
@@ -464,3 +465,48 @@ def test_prometheus_and_the_dashboard_show_the_service_calls(tmp_path):
         if ms is not None:
             ms.stop()
         m.shutdown(graceful=False)
+
+
+class CountingSink(Processor):
+    """Counts the items it receives; the count is its snapshot state."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def process(self, ordinal, inbox) -> None:
+        self.count += len(inbox.drain())
+
+    def save_to_snapshot(self) -> bool:
+        return self.outbox.offer_to_snapshot("count", self.count)
+
+    def restore_from_snapshot(self, inbox) -> None:
+        for _, value in inbox.drain():
+            self.count = value
+
+
+def test_a_snapshot_taken_with_calls_in_flight_holds_every_result_before_its_barrier():
+    async def slow(service, x):
+        await asyncio.sleep(0.05)
+        return x
+    # 200 items a second into calls of 50 ms, 16 at a time: calls are always in flight
+    p = Pipeline()
+    (p.read_from(TestSources.item_stream(200, lambda ts, seq: seq)).set_local_parallelism(1)
+      .map_using_service_async(ServiceFactory(dict), slow, max_concurrent=16)
+      .set_local_parallelism(1)
+      .custom_transform("counter", CountingSink).set_local_parallelism(1)
+      .write_to(Sinks.noop()))
+    with Member() as m:
+        job = m.new_job(p, JobConfig(processing_guarantee="exactly_once",
+                                     snapshot_interval_ms=3_600_000))
+        wait_until(lambda: job.metrics().get("counter", {}).get("items_in", 0) > 50,
+                   timeout=30)
+        # the premise: calls are in flight when the snapshot starts
+        assert job.metrics()["map-using-service"]["calls_in_flight"] > 0
+        saved = m.snapshot_store.read(job.take_snapshot())
+        job.cancel()
+    [source] = [v for name, v in saved.items() if name not in ("counter",
+                                                               "map-using-service")]
+    [(_, read)] = source  # the source's position: the items before its barrier
+    [(_, counted)] = saved["counter"]
+    # the barrier reached the sink after the result of every item read before it
+    assert read > 50 and counted == read
