@@ -237,3 +237,46 @@ def test_the_cluster_and_snapshots_pages_and_a_404_page(browser, member, tmp_pat
     assert browser.find_element(By.TAG_NAME, "h1").text == "No such job"
     assert "no-such-job" in browser.find_element(By.ID, "message").text
     screenshot(browser, tmp_path, "not-found")
+
+
+SERVICE_JOB_PY = '''
+import asyncio
+from jetwake import Pipeline, ServiceFactory, Sinks, TestSources
+
+async def slow(service, x):
+    await asyncio.sleep(0.03)
+    return x
+
+pipeline = Pipeline()
+(pipeline.read_from(TestSources.item_stream(100, lambda ts, seq: seq))
+    .map_using_service_async(ServiceFactory(dict), slow).set_name("enrich")
+    .write_to(Sinks.noop()))
+'''
+
+
+def test_the_job_page_shows_service_calls_with_latency_percentiles(browser, member, tmp_path):
+    import json
+    path = tmp_path / "service_job.py"
+    path.write_text(SERVICE_JOB_PY)
+    r = member.cli("submit", str(path), "--name", "services", "--json")
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    job = json.loads(r.stdout)
+    try:
+        browser.get(f"{member.base}/jobs/{job['id']}")
+
+        def cells() -> list[str] | None:
+            try:
+                found = browser.find_elements(By.CSS_SELECTOR,
+                                              '#service-calls tr[data-vertex="enrich"] td')
+                return [c.text for c in found] or None
+            except StaleElementReferenceException:
+                return None
+        # vertex, calls, in flight, retries, failures, latency p50, p95, p99
+        row = wait_until(lambda: (c := cells()) and c[5].endswith(" ms") and c,
+                         what="the service calls row with its percentiles", timeout=20,
+                         interval=0.1)
+        assert row[0] == "enrich" and int(row[1].replace(",", "")) > 0
+        assert 30 <= int(row[5].split()[0]) <= int(row[7].split()[0])
+        screenshot(browser, tmp_path, "service-calls")
+    finally:
+        member.cli("cancel", job["id"])
