@@ -34,6 +34,7 @@ from jetwake.engine.processors.insert_watermarks import TimestampError
 from jetwake.engine.operations.watermark_policy import WatermarkPolicy
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Outbox, Processor, ProcessorContext
 from jetwake.engine.core.serialization import register_type
+from jetwake.engine.operations.service_factory import ServiceFactory, ServiceError
 from jetwake.engine.core.traverser import Traverser
 
 __version__ = "0.1.0"
@@ -50,4 +51,5 @@ __all__ = [
     "Client", "RemoteJob", "RemoteMap", "RemoteList", "MemberUnreachableError",
     "AuthenticationError", "SnapshotError", "RestartableError", "FallbackRefusedError",
     "SparkRunner",
+    "ServiceFactory", "ServiceError",
 ]

@@ -58,7 +58,8 @@ class BackfillResult:
     ``counters``: ``{"stages": {stage: {"items_in": n, "items_out": n}}, "late_events": n,
     "dead_letters": n, "records_in": n, "bad_timestamps": n}``: ``records_in`` the Kafka
     records read (dead letters included), ``bad_timestamps`` the items whose timestamp could
-    not be read (sent to ``bad_events_to``).
+    not be read (sent to ``bad_events_to``); ``calls``, ``call_retries``, ``call_failures``
+    those of the ``map_using_service`` stages.
     ``snapshot``: the name of the exported snapshot, or None.
     """
 
@@ -302,7 +303,8 @@ class SparkRunner:
                 ins = sum(sums.get(f"out:{u.name}", 0) for u in t.upstream)
             stages[t.name] = {"items_in": ins, "items_out": out}
         counters_out = {"stages": stages}
-        for k in ("late_events", "dead_letters", "records_in", "bad_timestamps"):
+        for k in ("late_events", "dead_letters", "records_in", "bad_timestamps", "calls",
+                  "call_retries", "call_failures"):
             counters_out[k] = sums.get(k, 0)
         watermark = None
         if tr.window_stages:

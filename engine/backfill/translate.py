@@ -368,6 +368,11 @@ class Translator:
         return StageOut(out, timed=timed, timestamped=up.timestamped, unbounded=up.unbounded,
                         cut=up.cut, last_watermark=up.last_watermark)
 
+    def map_using_service(self, t: Any) -> StageOut:
+        """``map_using_service`` and its async form, a service per task (``services.py``)."""
+        from jetwake.engine.backfill import services
+        return services.map_using_service(self, t)
+
 
 
 

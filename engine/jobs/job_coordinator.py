@@ -51,7 +51,9 @@ from jetwake.engine.jobs.execution_driver import ExecutionDriver, SnapshotCommit
 from jetwake.engine.jobs.snapshot_driver import SnapshotDriver
 from jetwake.engine.jobs.snapshot_history import SnapshotHistory
 from jetwake.engine.jobs.stop_reason import StopReason
-from jetwake.engine.execution.execution_metrics import StageMetrics, stage_counts, vertex_counts
+from jetwake.engine.execution.execution_metrics import (
+    StageMetrics, stage_counts, vertex_counts, with_percentiles,
+)
 from jetwake.engine.pipeline.fusion import fused_stage_of
 from jetwake.snapshot.state.keyed_state import in_memory_state_factory
 from jetwake.snapshot.state.rocksdb_backend import RocksDBStateBackend
@@ -846,7 +848,8 @@ class JobCoordinator:
         is there, under its own name or as the vertex named after it. Counts are the current
         (or last) execution's, on every member it runs on."""
         execution = self._execution
-        return {} if execution is None else execution.metrics()
+        # call latency percentiles are derived from the summed histogram (they do not add up)
+        return {} if execution is None else with_percentiles(execution.metrics())
 
     def stage_metrics(self) -> dict[str, StageMetrics]:
         """Items in and out of each stateless stage fused into a vertex, summed over the

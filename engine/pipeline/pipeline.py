@@ -318,6 +318,34 @@ class Stage(_StageBase):
                               build_value_fn, join_fn, bool(outer))
         return self._next(t, "hash-join", keeps_timestamps=False)
 
+    # --- calling services (docs/enrichment.md, "Calling services") --------------------------
+
+    def map_using_service(self, service_factory: Any, fn: Callable[[Any, Any], Any], *,
+                          errors_to: Sink | None = None) -> "Stage":
+        """``fn(service, item)`` for each item, with the service ``service_factory`` (a
+        ``jetwake.ServiceFactory``) creates once per processor or per member; a None result
+        drops the item. The calls block, so the stage's processors run on threads of their
+        own. A call that raises goes to ``errors_to`` (a sink) as a record naming the item and
+        the error, or without one fails the job naming the item and the cause."""
+        return _service_stage(self, None, service_factory, fn, False, errors_to,
+                              "map_using_service()")
+
+    def map_using_service_async(self, service_factory: Any, fn: Callable[[Any, Any], Any], *,
+                                max_concurrent: int = 16, preserve_order: bool = True,
+                                timeout_ms: int | None = None, retry: Any = None,
+                                errors_to: Sink | None = None) -> "Stage":
+        """``await fn(service, item)`` for each item (``fn`` is an ``async def``), up to
+        ``max_concurrent`` calls in flight per processor on its own event loop; results in
+        input order (``preserve_order``) or as the calls complete. ``timeout_ms`` bounds each
+        attempt (a timeout is a failure); ``retry`` is a tenacity policy
+        (``tenacity.AsyncRetrying(stop=..., wait=...)``, a ``Retrying``, or a dict of its
+        keyword arguments) applied to each call. A call that still fails goes to ``errors_to``
+        or fails the job naming the item. A snapshot waits for the calls in flight, so
+        exactly-once holds; watermarks wait for the calls started before them."""
+        return _service_stage(self, None, service_factory, fn, True, errors_to,
+                              "map_using_service_async()", max_concurrent, preserve_order,
+                              timeout_ms, retry)
+
     def custom_transform(self, name: str, processor_supplier: Any) -> "Stage":
         """A stage made of your own processors (the core API): ``processor_supplier`` is a
         Processor subclass, a zero-argument factory, a ProcessorSupplier or a meta-supplier."""
@@ -404,6 +432,62 @@ class GroupedStage:
         """The first item of each key."""
         return self.stage._next(DistinctTransform(self.stage.transform, self.key_fn),
                                 "distinct", keeps_timestamps=False)
+
+
+    # --- calling services, the key's items in order (docs/enrichment.md) -------------------
+
+    def map_using_service(self, service_factory: Any, fn: Callable[[Any, Any], Any], *,
+                          errors_to: Sink | None = None) -> Stage:
+        """``Stage.map_using_service`` per key: the items reach the processor owning their
+        key (across the cluster), so the service sees each key's items in order."""
+        return _service_stage(self.stage, self.key_fn, service_factory, fn, False, errors_to,
+                              "group_by().map_using_service()")
+
+    def map_using_service_async(self, service_factory: Any, fn: Callable[[Any, Any], Any], *,
+                                max_concurrent: int = 16, preserve_order: bool = True,
+                                timeout_ms: int | None = None, retry: Any = None,
+                                errors_to: Sink | None = None) -> Stage:
+        """``Stage.map_using_service_async`` per key: at most one call per key in flight (the
+        key's next items wait for it, in order), other keys proceed, up to
+        ``max_concurrent`` calls in all."""
+        return _service_stage(self.stage, self.key_fn, service_factory, fn, True, errors_to,
+                              "group_by().map_using_service_async()", max_concurrent,
+                              preserve_order, timeout_ms, retry)
+
+
+def _service_stage(stage: Stage, key_fn: Callable[[Any], Any] | None, factory: Any,
+                   fn: Callable[..., Any], is_async: bool, errors_to: Sink | None, what: str,
+                   max_concurrent: int = 1, preserve_order: bool = True,
+                   timeout_ms: int | None = None, retry: Any = None) -> Stage:
+    """A ``map_using_service`` stage after ``stage``, its arguments checked first."""
+    from jetwake.engine.pipeline.transforms import MapUsingServiceTransform
+    from jetwake.engine.processors.service_calls import check_service_stage, retry_policy
+    where = f"{what} after stage {stage.name!r}"
+    check_service_stage(where, factory, fn, is_async)
+    if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int):
+        raise TypeError(f"{where}: max_concurrent must be an int (calls in flight per "
+                        f"processor), got {type(max_concurrent).__qualname__}")
+    if max_concurrent < 1:
+        raise PipelineError(f"{where}: max_concurrent must be at least 1 (calls in flight "
+                            f"per processor), got {max_concurrent}")
+    if timeout_ms is not None:
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
+            raise TypeError(f"{where}: timeout_ms must be a number of milliseconds or None, "
+                            f"got {type(timeout_ms).__qualname__}")
+        if timeout_ms <= 0:
+            raise PipelineError(f"{where}: timeout_ms must be positive (ms per attempt), or "
+                                f"None for no timeout; got {timeout_ms}")
+    if errors_to is not None and not isinstance(errors_to, Sink):
+        raise TypeError(f"{where}: errors_to expects a Sink (from jetwake.Sinks), got "
+                        f"{type(errors_to).__qualname__}")
+    t = MapUsingServiceTransform(stage.transform, factory, fn, key_fn, is_async,
+                                 max_concurrent, bool(preserve_order), timeout_ms,
+                                 retry_policy(retry, where))
+    out = stage._next(t, "map-using-service")
+    if errors_to is not None:
+        t.side_sink = errors_to
+        stage.pipeline._add(SideSinkTransform(t, errors_to), errors_to.name)
+    return out
 
 
 class SinkStage(_StageBase):

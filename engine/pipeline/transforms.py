@@ -279,6 +279,57 @@ class HashJoinTransform(Transform):
         planner.set_output(self, Output(v))
 
 
+class MapUsingServiceTransform(Transform):
+    """``map_using_service`` and ``map_using_service_async`` (``is_async``), keyless or after
+    ``group_by`` (``key_fn``): one vertex, after a partitioned edge when keyed so that each
+    key's items reach one processor in order; timestamped items stay timestamped through it,
+    and a call that fails for good goes to the ``errors_to`` sink (``side_sink``)."""
+
+    kind = "map-using-service"
+
+    def __init__(self, upstream: Transform, factory: Any, fn: Callable[..., Any],
+                 key_fn: Callable[[Any], Any] | None, is_async: bool, max_concurrent: int = 1,
+                 preserve_order: bool = True, timeout_ms: int | None = None,
+                 retrying: Any = None) -> None:
+        super().__init__([upstream])
+        self.factory = factory
+        self.fn = fn
+        self.key_fn = key_fn
+        self.is_async = is_async
+        self.max_concurrent = max_concurrent
+        self.preserve_order = preserve_order
+        self.timeout_ms = timeout_ms
+        self.retrying = retrying
+
+    def add_to_spark(self, backfill: Translator) -> StageOut | None:
+        return backfill.map_using_service(self)
+
+    def add_to_dag(self, planner: Planner) -> None:
+        from jetwake.engine.processors.map_using_service import (
+            MapUsingServiceAsyncProcessor, MapUsingServiceProcessor,
+        )
+        timestamped = planner.output(self.upstream[0]).form is _TIMESTAMPED
+        form = _TIMESTAMPED if timestamped else _PLAIN
+        name, factory, fn, key_fn = self.name, self.factory, self.fn, self.key_fn
+        side = self.side_sink is not None
+        if self.is_async:
+            args = (self.max_concurrent, self.preserve_order, self.timeout_ms, self.retrying)
+            v = planner.vertex(name, lambda: MapUsingServiceAsyncProcessor(
+                name, factory, fn, key_fn, timestamped, side, *args), self)
+        else:
+            v = planner.vertex(name, lambda: MapUsingServiceProcessor(
+                name, factory, fn, key_fn, timestamped, side), self)
+        if side:
+            _plan_side_sink(planner, self, v)
+        if key_fn is None:
+            planner.connect(self, self.upstream[0], v, takes=form)
+        else:
+            kf = key_on_item(key_fn) if timestamped else key_fn
+            planner.connect(self, self.upstream[0], v,
+                            lambda e: e.distributed().partitioned(kf), takes=form)
+        planner.set_output(self, Output(v, form=form))
+
+
 class CustomTransform(Transform):
     kind = "custom"
 
