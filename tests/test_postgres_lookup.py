@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from jetwake import JobConfig, Member, Pipeline, ServiceError, ServiceFactory, Sinks, Sources
 from support.ports import free_port
+from support.spark_fixtures import run_on_spark, spark_runner  # noqa: F401 - a fixture
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
@@ -96,6 +97,26 @@ def test_each_order_gets_its_customers_row_as_the_table_joined_in_python(postgre
     # the job's pools were closed when it completed: none of its connections is left
     wait_until(lambda: _job_connections(dsn, app) == 0, timeout=10,
                what=lambda: f"{_job_connections(dsn, app)} connection(s) of the job to close")
+
+
+@pytest.mark.spark
+def test_the_spark_backfill_gives_each_order_its_customers_row_too(postgres_database,
+                                                                 spark_runner):
+    dsn, app = postgres_database, _application_name()
+    _create_customers(dsn)
+
+    def build(p: Pipeline) -> None:
+        (p.read_from(Sources.items(ORDERS))
+          .map_using_service_async(_pool_factory(dsn, app), _with_customer, max_concurrent=8)
+          .write_to(Sinks.list("enriched")))
+
+    on_spark, result = run_on_spark(spark_runner, build, ["enriched"])
+
+    assert sorted(map(tuple, on_spark["enriched"])) == sorted(_joined(ORDERS, CUSTOMERS))
+    assert result.counters["calls"] == len(ORDERS)
+    # each task's pool was closed when the task ended
+    wait_until(lambda: _job_connections(dsn, app) == 0, timeout=10,
+               what=lambda: f"{_job_connections(dsn, app)} connection(s) of the run to close")
 
 
 def test_a_row_updated_while_the_job_runs_is_seen_by_the_orders_after_it(postgres_database):
