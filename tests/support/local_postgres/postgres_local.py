@@ -90,6 +90,13 @@ def dsn_for(port: int, dbname: str = DATABASE, host: str = HOST) -> str:
     return f"postgresql://{SUPERUSER}@{host}:{port}/{dbname}"
 
 
+def socket_dir(port: int) -> str:
+    """The folder of the server's Unix socket, in its run directory; "" (no Unix socket, TCP
+    only) when the socket's path would be too long for one (a checkout deep in folders)."""
+    folder = run_dir(port) / "socket"
+    return str(folder) if len(f"{folder}/.s.PGSQL.{port}") <= _SOCKET_PATH_MAX else ""
+
+
 @contextlib.contextmanager
 def _file_lock(path: Path):
     """Exclusive inter-process lock (two `up`s, or an `up` and a `down`, racing on one port)."""
@@ -445,9 +452,8 @@ def start_server(port: int | None = None, *, fsync: bool = True,
         _run_checked([str(folder / "initdb"), "-D", str(data), "-U", SUPERUSER, "-A", "trust",
                       "-E", "UTF8", "--no-locale", "--no-sync"],
                      "initdb", rdir / "initdb.log", env=env, cwd=rdir, **as_account)
-        socket_dir = str(sockets) if len(f"{sockets}/.s.PGSQL.{port}") <= _SOCKET_PATH_MAX else ""
         with open(data / "postgresql.conf", "a") as fh:
-            fh.write(_server_settings(port, socket_dir, fsync, max_prepared_transactions))
+            fh.write(_server_settings(port, socket_dir(port), fsync, max_prepared_transactions))
         (data / "pg_hba.conf").write_text(HBA)
         version = server_version(folder)
         with open(log, "ab") as out:
