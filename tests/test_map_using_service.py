@@ -388,3 +388,49 @@ def test_latency_percentiles_come_from_summed_buckets():
     assert latency_percentile(counters, 90) == 20.0
     assert latency_percentile(counters, 95) == 45.0  # halfway through the (40, 50] bucket
     assert latency_percentile({}, 50) is None
+
+
+def test_prometheus_and_the_dashboard_show_the_service_calls(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from jetwake.engine.server.metrics import MetricsServer
+    from support.dashboard import TOKEN, Http
+
+    async def slow(service, x):
+        await asyncio.sleep(0.02)
+        return x
+    m = Member(str(tmp_path / "data"), port=0, token=TOKEN, cooperative_threads=1,
+               local_parallelism=1)
+    ms = None
+    try:
+        p = Pipeline()
+        (p.read_from(TestSources.item_stream(300, lambda ts, seq: seq))
+          .map_using_service_async(ServiceFactory(dict), slow).set_name("enrich")
+          .write_to(Sinks.noop()))
+        job = m.new_job(p)
+        wait_until(lambda: job.metrics().get("enrich", {}).get("calls", 0) > 50, timeout=30)
+        reg = CollectorRegistry()
+        from jetwake.engine.server.metrics import JetwakeCollector
+        reg.register(JetwakeCollector(m))
+        families = {f.name: f for f in
+                    text_string_to_metric_families(generate_latest(reg).decode())}
+        hist = families["jetwake_vertex_call_latency_ms"]
+        assert hist.type == "histogram"
+        buckets = {s.labels["le"]: s.value for s in hist.samples
+                   if s.name.endswith("_bucket") and s.labels["vertex"] == "enrich"}
+        assert buckets["15"] == 0 and buckets["+Inf"] > 50  # every call took 20 ms or more
+        assert families["jetwake_vertex_calls_in_flight"].type == "gauge"
+        assert families["jetwake_vertex_calls"].type == "counter"
+        ms = MetricsServer(m, "127.0.0.1", 0).start()
+        http = Http(f"http://127.0.0.1:{ms.address[1]}")
+        detail = http.get(f"/api/jobs/{job.id}", token=TOKEN).json
+        [v] = [v for v in detail["dag"]["vertices"] if v["name"] == "enrich"]
+        assert v["counters"]["calls"] > 50
+        assert 20 <= v["counters"]["call_latency_p50_ms"] <= 100
+        assert not any(k.startswith("call_latency_ms_bucket") for k in v["counters"])
+        job.cancel()
+    finally:
+        if ms is not None:
+            ms.stop()
+        m.shutdown(graceful=False)

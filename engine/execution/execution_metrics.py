@@ -17,7 +17,7 @@ from jetwake.engine.execution.tasklet import ProcessorTasklet
 
 __all__ = ["Counts", "StageMetrics", "vertex_counts", "stage_counts", "member_counts", "summed",
            "LATENCY_BUCKETS_MS", "latency_bucket_key", "latency_buckets", "latency_percentile",
-           "with_percentiles"]
+           "with_percentiles", "readable_counters", "LATENCY_BUCKET_PREFIX", "LATENCY_SUM"]
 
 #: name (a vertex, or a stateless stage fused into one) -> counter -> value
 Counts = dict[str, dict[str, float]]
@@ -158,3 +158,11 @@ def with_percentiles(counts: Counts) -> Counts:
             if p is not None:
                 counters[f"call_latency_p{q}_ms"] = round(p, 3)
     return counts
+
+
+def readable_counters(counters: dict[str, float]) -> dict[str, float]:
+    """One name's counters as a person reads them (the dashboard): the latency histogram
+    replaced by its percentiles."""
+    out = with_percentiles({"": dict(counters)})[""]
+    return {k: v for k, v in out.items()
+            if not k.startswith(LATENCY_BUCKET_PREFIX) and k != LATENCY_SUM}

@@ -18,6 +18,14 @@ kept for jobs that are gone):
                                                (read from the source's consumer, or a
                                                ``kafka_consumer_lag`` value it reports)
 ``jetwake_vertex_<name>_lag``          gauge   other processor values ending in ``lag``
+``jetwake_vertex_<name>_in_flight``    gauge   processor values that are a current size,
+``jetwake_vertex_<name>_entries``              not a count: ending in ``_in_flight``
+``jetwake_vertex_<name>_bytes``                (``calls_in_flight``), ``_entries`` (a table's
+                                               or a join state's size) or ``_bytes``
+``jetwake_vertex_call_latency_ms``     histog. latency of a service stage's calls
+                                               (``map_using_service``), ``le`` buckets in ms;
+                                               ``calls``, ``call_retries``, ``call_failures``
+                                               are ``jetwake_vertex_<counter>_total``
 ``jetwake_stage_items_in_total``       counter items a stateless stage fused into a vertex
                                                took (this member)
 ``jetwake_stage_items_out_total``      counter items it gave to the next stage
@@ -46,9 +54,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from jetwake.engine.execution.execution_metrics import (
+    LATENCY_BUCKET_PREFIX, LATENCY_SUM, latency_buckets,
+)
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.server.dashboard.routes import Dashboard
 
@@ -162,6 +175,9 @@ class JetwakeCollector:
                                         "Items a stateless stage fused into a vertex gave to "
                                         "the next stage, on this member", labels=stage_labels)
         custom: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        latency = HistogramMetricFamily("jetwake_vertex_call_latency_ms",
+                                        "Latency of a service stage's calls (ms), retries "
+                                        "included", labels=["job", "job_id", "vertex"])
 
         for c in coords:
             jl = [c.name, c.job_id]
@@ -198,10 +214,12 @@ class JetwakeCollector:
                     if key == "kafka_consumer_lag":
                         kafka_lag.add_metric(vl, value)
                         continue
+                    if key.startswith(LATENCY_BUCKET_PREFIX) or key == LATENCY_SUM:
+                        continue  # exported as the histogram below
                     name = _metric_name(key)
                     fam = custom.get(name)
                     if fam is None:
-                        if name.endswith("lag"):
+                        if name.endswith(("lag", "_in_flight", "_entries", "_bytes")):
                             fam = GaugeMetricFamily(f"jetwake_vertex_{name}",
                                                     f"Processor value '{key}'",
                                                     labels=["job", "job_id", "vertex"])
@@ -211,6 +229,15 @@ class JetwakeCollector:
                                                       labels=["job", "job_id", "vertex"])
                         custom[name] = fam
                     fam.add_metric(vl, value)
+                buckets = latency_buckets(m)
+                if buckets:
+                    cumulative: list[tuple[str, float]] = []
+                    total = 0.0
+                    for upper, calls in buckets:
+                        total += calls
+                        cumulative.append(("+Inf" if upper == float("inf") else f"{upper:g}",
+                                           total))
+                    latency.add_metric(vl, cumulative, m.get(LATENCY_SUM, 0.0))
             for stage, sm in per_stage.items():
                 sl = jl + [stage, sm.kind, sm.vertex]
                 stage_in.add_metric(sl, sm.items_in)
@@ -224,7 +251,7 @@ class JetwakeCollector:
                     kafka_lag.add_metric(vl, g["kafka_consumer_lag"])
         yield from (status, restarts, items_in, items_out, fill, wm_lag, kafka_lag, late,
                     snap_ms, snap_bytes, snap_entries, snap_id, snap_count, snap_failures,
-                    stage_in, stage_out)
+                    stage_in, stage_out, latency)
         yield from custom.values()
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from jetwake.engine.core.serialization import dumps
 from jetwake.engine.execution.plan import resolve_parallelism
+from jetwake.engine.execution.execution_metrics import readable_counters
 from jetwake.engine.server.dashboard.readings import (
     member_share, merge_shares, process_usage,
 )
@@ -168,7 +169,8 @@ class DashboardRequests:
         vertices = []
         for v in c.dag.topological_order():
             r = readings.get(v.name)
-            counters = dict(r["counters"]) if r else {}
+            # the call latency histogram shown as its percentiles (service stages)
+            counters = readable_counters(r["counters"]) if r else {}
             vertices.append({
                 "name": v.name,
                 "local_parallelism": parallelism[v.name],

@@ -418,6 +418,20 @@ views.job = {
       h("td", {class: "num"}, fmtMs(v.watermark_lag_ms)),
       h("td", {class: "num"}, fmtCount(v.late_events)),
       h("td", {class: "num"}, fmtCount(v.dead_letters))));
+    // the stages that call a service (map_using_service): calls, in flight, latency
+    const callers = j.dag.vertices.filter((v) => v.counters && v.counters.calls !== undefined);
+    const services = callers.length ? h("table", {id: "service-calls", class: "grid"},
+      h("thead", {}, h("tr", {}, ["Vertex", "Calls", "In flight", "Retries", "Failures",
+        "Latency p50", "p95", "p99"].map((t) => h("th", {text: t})))),
+      h("tbody", {}, callers.map((v) => h("tr", {"data-vertex": v.name},
+        h("td", {}, v.name), h("td", {class: "num"}, fmtCount(v.counters.calls)),
+        h("td", {class: "num"}, fmtCount(v.counters.calls_in_flight)),
+        h("td", {class: "num"}, fmtCount(v.counters.call_retries)),
+        h("td", {class: "num"}, fmtCount(v.counters.call_failures)),
+        h("td", {class: "num"}, fmtMs(v.counters.call_latency_p50_ms ?? null)),
+        h("td", {class: "num"}, fmtMs(v.counters.call_latency_p95_ms ?? null)),
+        h("td", {class: "num"}, fmtMs(v.counters.call_latency_p99_ms ?? null))))))
+      : null;
     const kafka = j.kafka_lag.length ? h("table", {id: "kafka-lag", class: "grid"},
       h("thead", {}, h("tr", {}, ["Vertex", "Topic", "Partition", "Position", "End", "Lag"]
         .map((t) => h("th", {text: t})))),
@@ -470,6 +484,7 @@ views.job = {
           "In", "Out", "Queue fill", "Watermark", "Watermark lag", "Late", "Dead letters"]
           .map((t) => h("th", {text: t})))),
         h("tbody", {}, vrows)),
+      services ? h("h2", {text: "Service calls"}) : null, services,
       h("h2", {text: "Kafka consumer lag"}), kafka,
       h("h2", {text: "Snapshots"}), snaps,
       h("h2", {text: "Configuration"}), config);
