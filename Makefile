@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 
 .PHONY: demo demo-backfill test test-unit test-integration conformance bench kafka-up kafka-down \
-	venv clean browser
+	venv clean browser postgres postgres-up postgres-down
 
 # ---- Set-up -------------------------------------------------------------------------------
 # One stamp per set of extras: `make demo` installs the package alone, `make test` adds the
@@ -36,7 +36,7 @@ $(BASE_STAMP): pyproject.toml | $(PY)
 	@touch $@
 
 $(TEST_STAMP): pyproject.toml | $(PY)
-	$(PIP_INSTALL) -e '.[test,spark]'
+	$(PIP_INSTALL) -e '.[test,spark,postgres]'
 	@touch $@ $(BASE_STAMP)
 
 $(BENCH_STAMP): pyproject.toml | $(PY)
@@ -62,6 +62,23 @@ browser:
 	  echo "no Chromium, and not root with apt: the dashboard's browser tests will skip"; \
 	fi
 
+# The PostgreSQL tests (tests/test_postgres_*.py) start the operating system's PostgreSQL with
+# tests/support/local_postgres/postgres_local.py. As root with apt, the package is installed when
+# missing (nothing is done when it is there); otherwise, or if the install fails, those tests
+# skip and say how to install it. POSTGRES_DSN names a server to use instead.
+postgres:
+	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing postgresql (the PostgreSQL tests)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  { apt-get install -y -q postgresql >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && \
+	      apt-get install -y -q postgresql >/dev/null 2>&1; }; } || \
+	  echo "could not install PostgreSQL: the PostgreSQL tests will skip"; \
+	else \
+	  echo "no PostgreSQL, and not root with apt: the PostgreSQL tests will skip"; \
+	fi
+
 # ---- Commands -----------------------------------------------------------------------------
 demo: $(BASE_STAMP)
 	$(PY) examples/word_count.py
@@ -72,13 +89,13 @@ demo-backfill: $(BASE_STAMP)
 	$(PIP_INSTALL) -e '.[spark]'
 	$(PY) examples/backfill_word_count.py
 
-test: $(TEST_STAMP) browser
+test: $(TEST_STAMP) browser postgres
 	$(PY) -m pytest tests
 
 test-unit: $(TEST_STAMP)
 	$(PY) -m pytest tests -m "not integration"
 
-test-integration: $(TEST_STAMP) browser
+test-integration: $(TEST_STAMP) browser postgres
 	$(PY) -m pytest tests -m integration
 
 # The conformance suite (tests/test_conformance.py) with a large hypothesis budget: every runtime
@@ -106,3 +123,11 @@ kafka-up: $(BASE_STAMP)
 
 kafka-down: $(BASE_STAMP)
 	$(PY) tests/support/local_kafka/kafka_local.py down
+
+# A real PostgreSQL (the OS's, installed when missing as for `make test`) on
+# 127.0.0.1:$POSTGRES_PORT (default 5432), database jetwake; see docs/postgres.md
+postgres-up: $(BASE_STAMP) postgres
+	$(PY) tests/support/local_postgres/postgres_local.py up
+
+postgres-down: $(BASE_STAMP)
+	$(PY) tests/support/local_postgres/postgres_local.py down
