@@ -280,3 +280,44 @@ def test_the_job_page_shows_service_calls_with_latency_percentiles(browser, memb
         screenshot(browser, tmp_path, "service-calls")
     finally:
         member.cli("cancel", job["id"])
+
+
+JOIN_JOB_PY = '''
+from jetwake import Pipeline, Sinks, TestSources
+
+pipeline = Pipeline()
+left = pipeline.read_from(TestSources.item_stream(200, lambda ts, seq: (seq % 10, seq)))
+right = pipeline.read_from(TestSources.item_stream(200, lambda ts, seq: (seq % 10, -seq)))
+(left.with_native_timestamps(0)
+    .join_interval(right.with_native_timestamps(0), lambda e: e[0], lambda e: e[0], -50, 50)
+    .set_name("clicks-views").write_to(Sinks.noop()))
+'''
+
+
+def test_the_job_page_shows_the_join_state_of_a_join_of_two_streams(browser, member, tmp_path):
+    import json
+    path = tmp_path / "join_job.py"
+    path.write_text(JOIN_JOB_PY)
+    r = member.cli("submit", str(path), "--name", "joins", "--json")
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    job = json.loads(r.stdout)
+    try:
+        browser.get(f"{member.base}/jobs/{job['id']}")
+
+        def cells() -> list[str] | None:
+            try:
+                found = browser.find_elements(By.CSS_SELECTOR,
+                                              '#join-state tr[data-vertex="clicks-views"] td')
+                return [c.text for c in found] or None
+            except StaleElementReferenceException:
+                return None
+        # vertex, table entries, hits, misses, updates, deletes, join state entries, pairs,
+        # evicted: the pairs and the evicted entries grow as the watermark moves on
+        row = wait_until(lambda: (c := cells()) and c[7] not in ("–", "0")
+                         and c[8] not in ("–", "0") and c, timeout=20, interval=0.1,
+                         what="the join's row with pairs and evicted entries")
+        assert row[0] == "clicks-views" and row[1] == "–"  # no table in this stage
+        assert int(row[6].replace(",", "")) >= 0
+        screenshot(browser, tmp_path, "join-state")
+    finally:
+        member.cli("cancel", job["id"])

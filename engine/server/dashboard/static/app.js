@@ -432,6 +432,19 @@ views.job = {
         h("td", {class: "num"}, fmtMs(v.counters.call_latency_p95_ms ?? null)),
         h("td", {class: "num"}, fmtMs(v.counters.call_latency_p99_ms ?? null))))))
       : null;
+    // the stages that keep a table (join_table) or the state of a join of two streams
+    // (join_interval, join_asof): its size now and what it did
+    const keepers = j.dag.vertices.filter((v) => v.counters &&
+      (v.counters.table_entries !== undefined || v.counters.join_state_entries !== undefined));
+    const count = (v, k) => fmtCount(v.counters[k] ?? null);
+    const joins = keepers.length ? h("table", {id: "join-state", class: "grid"},
+      h("thead", {}, h("tr", {}, ["Vertex", "Table entries", "Hits", "Misses", "Updates",
+        "Deletes", "Join state entries", "Pairs", "Evicted"].map((t) => h("th", {text: t})))),
+      h("tbody", {}, keepers.map((v) => h("tr", {"data-vertex": v.name},
+        h("td", {}, v.name), ...["table_entries", "table_hits", "table_misses",
+          "table_updates", "table_deletes", "join_state_entries", "join_pairs",
+          "join_evicted_entries"].map((k) => h("td", {class: "num"}, count(v, k)))))))
+      : null;
     const kafka = j.kafka_lag.length ? h("table", {id: "kafka-lag", class: "grid"},
       h("thead", {}, h("tr", {}, ["Vertex", "Topic", "Partition", "Position", "End", "Lag"]
         .map((t) => h("th", {text: t})))),
@@ -485,6 +498,7 @@ views.job = {
           .map((t) => h("th", {text: t})))),
         h("tbody", {}, vrows)),
       services ? h("h2", {text: "Service calls"}) : null, services,
+      joins ? h("h2", {text: "Tables and joins"}) : null, joins,
       h("h2", {text: "Kafka consumer lag"}), kafka,
       h("h2", {text: "Snapshots"}), snaps,
       h("h2", {text: "Configuration"}), config);
