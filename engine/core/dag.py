@@ -33,6 +33,11 @@ class Vertex:
             processor, f"vertex '{name}'")
         self.local_parallelism = -1
         self.set_local_parallelism(local_parallelism)
+        #: the kind of pipeline stage this vertex belongs to ("map-stateful", "source", ...;
+        #: a part of a stage of several vertices adds its role: "aggregate/accumulate"); None
+        #: for a vertex of the core API. Saved in each snapshot's commit record, so that a
+        #: job started from a snapshot can tell whose state it takes over.
+        self.kind: str | None = None
 
     def set_local_parallelism(self, n: int) -> "Vertex":
         if not isinstance(n, int) or isinstance(n, bool) or (n < 1 and n != -1):

@@ -8,7 +8,8 @@ import sys
 __all__ = ["PipelineError", "JetwakeError", "JobNotFoundError", "JobCancelledError",
            "JobStateError", "SnapshotNotFoundError", "RestartableError", "RemoteCallError",
            "SnapshotError", "FallbackRefusedError", "SnapshotWriteError",
-           "DataDirectoryLockedError", "is_restartable_cause"]
+           "DataDirectoryLockedError", "is_restartable_cause", "StateDropRefusedError",
+           "StateMigrationError"]
 
 
 class JetwakeError(Exception):
@@ -76,6 +77,17 @@ class SnapshotWriteError(SnapshotError):
 class DataDirectoryLockedError(JetwakeError):
     """Another member holds the data directory; the message names it (pid, host, start time)
     and the fix. Two members on one directory would run the same jobs twice."""
+
+
+class StateDropRefusedError(SnapshotError):
+    """A job started from a snapshot would drop saved state (a stateful stage of the snapshot
+    has no counterpart of the same name and kind in the new pipeline); the message lists the
+    stages and the fixes (keep the stage's name with set_name, or allow the drop)."""
+
+
+class StateMigrationError(SnapshotError):
+    """A stage's ``migrate`` function failed on a saved state while the job restored it; the
+    message names the stage, the key and the cause."""
 
 
 # OSErrors about a path the user or operator chose: trying again does not help until someone

@@ -33,6 +33,11 @@ class JobConfig:
     that takes snapshots (a job without restarts it).
     ``arguments``: free-form facts about the submission (the CLI records the file and its
     arguments), kept in the job record.
+    ``dry_run`` (with ``initial_snapshot_name``): ``new_job`` starts nothing and returns the
+    :class:`~jetwake.engine.jobs.upgrade_plan.UpgradePlan`: the saved state each stage takes
+    over, the state the job would drop and the stages that start empty.
+    ``allow_state_drop``: start from ``initial_snapshot_name`` even when the new pipeline
+    drops some of its saved state (refused otherwise, naming the stages).
     """
 
     name: str | None = None
@@ -47,6 +52,8 @@ class JobConfig:
     split_brain_protection: bool = False
     auto_scaling: bool = True
     arguments: dict = field(default_factory=dict)
+    dry_run: bool = False
+    allow_state_drop: bool = False
 
     def __post_init__(self) -> None:
         if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
@@ -74,6 +81,13 @@ class JobConfig:
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"JobConfig.{flag} must be True or False, "
                                  f"got {getattr(self, flag)!r}")
+        for flag in ("dry_run", "allow_state_drop"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"JobConfig.{flag} must be True or False, "
+                                 f"got {getattr(self, flag)!r}")
+        if self.dry_run and not self.initial_snapshot_name:
+            raise ValueError("JobConfig.dry_run shows what a job started from a snapshot does "
+                             "with its saved state: give initial_snapshot_name too")
         if self.state_backend not in ("memory", "rocksdb"):
             raise ValueError("JobConfig.state_backend must be 'memory' or 'rocksdb', "
                              f"got {self.state_backend!r}")

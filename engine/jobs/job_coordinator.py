@@ -37,6 +37,7 @@ from jetwake.engine.jobs.job_records import JobRecord
 from jetwake.engine.jobs.member_changes import MemberChanges
 from jetwake.engine.jobs.restart_backoff import RESTART_BACKOFF_FIRST_S, RestartBackoff
 from jetwake.engine.jobs.restore_plan import damaged_export_error, restore_candidates
+from jetwake.engine.jobs.upgrade_plan import vertex_kinds
 from jetwake.snapshot.store.snapshot_store import (
     CommitRecord, SnapshotDamagedError,
 )
@@ -475,8 +476,10 @@ class JobCoordinator:
 
     def new_snapshot_writer(self, snapshot_id: int, terminal: bool) -> SnapshotCommit:
         """The writer that commits snapshot ``snapshot_id`` (SnapshotOwner)."""
-        return SnapshotCommitWriter(self.store, self.job_id, self.name, snapshot_id, terminal,
-                                    self.member.publish_commit_record)
+        writer = SnapshotCommitWriter(self.store, self.job_id, self.name, snapshot_id,
+                                      terminal, self.member.publish_commit_record)
+        writer.record.kinds = vertex_kinds(self.dag)  # whose state each vertex saved
+        return writer
 
     def _remove_state_dirs(self) -> None:
         """Removes the job's RocksDB working state (``<data_dir>/state/<job_id>``). Called when

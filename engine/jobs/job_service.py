@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from jetwake.engine.core.errors import JobNotFoundError, SnapshotNotFoundError
 from jetwake.engine.jobs.job import Job
 from jetwake.engine.jobs.job_config import JobConfig
-from jetwake.engine.jobs.job_coordinator import JobCoordinator
+from jetwake.engine.jobs.job_coordinator import JobCoordinator, compile_definition
+from jetwake.engine.jobs.upgrade_plan import UpgradePlan, plan_upgrade
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.jobs.stop_reason import StopReason
 
@@ -77,10 +78,16 @@ class JobService:
             raise ValueError("JobConfig(state_backend='rocksdb') keeps state on disk and needs a "
                              "member with a data directory: Member(data_dir=...)")
         name = config.initial_snapshot_name
-        if name and member.snapshot_store.get_export(name) is None:
+        saved = member.snapshot_store.get_export(name) if name else None
+        if name and saved is None:
             raise SnapshotNotFoundError(
                 f"no exported snapshot named '{name}' (JobConfig.initial_snapshot_name); "
                 "member.snapshots() lists them")
+        if saved is not None and not config.allow_state_drop:
+            dag = compile_definition(pipeline, self.default_parallelism(config))
+            plan = plan_upgrade(dag, saved)
+            if plan.drops_state:
+                raise plan.refusal(config.name or "(unnamed)")
         with self._lock:
             if config.name is not None:
                 existing = self._find_by_name(config.name)
@@ -101,6 +108,23 @@ class JobService:
                        f"in {member.data_dir}")
             raise
         return coordinator
+
+    def default_parallelism(self, config: JobConfig) -> int:
+        """Processors per vertex of a job of ``config`` where its stages set no number."""
+        lp = config.local_parallelism
+        return lp if lp > 0 else self.member.default_local_parallelism
+
+    def plan_upgrade(self, pipeline: Any, config: JobConfig) -> UpgradePlan:
+        """What a job of ``pipeline`` started from ``config.initial_snapshot_name`` does with
+        its saved state (the dry run: nothing is registered or started)."""
+        name = config.initial_snapshot_name
+        saved = self.member.snapshot_store.get_export(name) if name else None
+        if saved is None:
+            raise SnapshotNotFoundError(
+                f"no exported snapshot named '{name}' (JobConfig.initial_snapshot_name); "
+                "member.snapshots() lists them")
+        return plan_upgrade(compile_definition(pipeline, self.default_parallelism(config)),
+                            saved)
 
     def add_light(self, job_id: str, pipeline: Any, config: JobConfig) -> JobCoordinator:
         """Registers a light job (no snapshots, no record) under ``job_id``."""

@@ -15,6 +15,7 @@ from jetwake.engine.core.dag import DAG
 from jetwake.engine.execution.plan import PlanContext, build_tasklets
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.restore_plan import check_fallback
+from jetwake.engine.jobs.upgrade_plan import plan_upgrade
 from jetwake.snapshot.protocol.restore import restore_state
 
 __all__ = ["prepare_share", "close_quietly"]
@@ -37,7 +38,10 @@ def prepare_share(dag: DAG, ctx: PlanContext, config: JobConfig, reader: Any, re
         check_fallback(tasklets, config, ctx.job_name, skipped_damaged, restore_desc,
                        accept_fallback)
         if reader is not None:
-            restore_state(tasklets, reader, restore_desc)
+            # the state a job started with allow_state_drop drops (it was refused otherwise
+            # at submission): no vertex of its name, or one of another kind
+            drop = plan_upgrade(dag, reader.record).dropped if config.allow_state_drop else ()
+            restore_state(tasklets, reader, restore_desc, skip=frozenset(drop))
     except BaseException:
         close_quietly(initialized)
         raise

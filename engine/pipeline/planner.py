@@ -111,7 +111,10 @@ class Planner:
         the user set one."""
         if parallelism == -1 and t.explicit_parallelism:
             parallelism = t.local_parallelism
-        return self.dag.new_vertex(name, processor, parallelism)
+        v = self.dag.new_vertex(name, processor, parallelism)
+        role = name[len(t.name) + 1:] if name.startswith(f"{t.name}-") else ""
+        v.kind = f"{t.kind}/{role}" if role else t.kind
+        return v
 
     def resolved_parallelism(self, v: Vertex) -> int:
         """The local parallelism ``v`` will run with."""

@@ -40,6 +40,7 @@ from jetwake.engine.jobs.job_coordinator import JobCoordinator
 from jetwake.engine.jobs.job_records import JobRecords
 from jetwake.engine.jobs.job_service import JobService, new_job_id
 from jetwake.engine.jobs.member_place import LIGHT_PREFIX, Alone, MemberPlace, light_job_owner
+from jetwake.engine.jobs.upgrade_plan import UpgradePlan
 from jetwake.engine.server.member_service import MemberService
 from jetwake.snapshot.store.snapshot_store import CommitRecord, SnapshotStore
 
@@ -292,8 +293,12 @@ class Member:
 
     # --- jobs --------------------------------------------------------------------------------
 
-    def new_job(self, pipeline: Any, config: JobConfig | None = None) -> Job:
-        """Submits a Pipeline (or a core-API DAG) and starts it; returns its Job."""
+    def new_job(self, pipeline: Any, config: JobConfig | None = None) -> Any:
+        """Submits a Pipeline (or a core-API DAG) and starts it; returns its Job. With
+        ``JobConfig(initial_snapshot_name=..., dry_run=True)`` it starts nothing and returns
+        the :class:`UpgradePlan` (see :meth:`plan_upgrade`)."""
+        if isinstance(config, JobConfig) and config.dry_run:
+            return self.plan_upgrade(pipeline, config)
         coordinator = self.add_job(pipeline, config)
         coordinator.start(restore="initial", persist_definition=False)
         return Job(coordinator)
@@ -307,6 +312,16 @@ class Member:
         self._check_running()
         self.place.require_coordinator("submit a job")
         return self.job_service.add(pipeline, config)
+
+    def plan_upgrade(self, pipeline: Any, config: JobConfig) -> UpgradePlan:
+        """What a job of ``pipeline`` started from ``config.initial_snapshot_name`` would do
+        with the snapshot's saved state, stage by stage: which state it takes over, which it
+        drops and which stages start empty; nothing is submitted."""
+        self._check_running()
+        if not isinstance(config, JobConfig):
+            raise TypeError(f"plan_upgrade() expects a JobConfig, got "
+                            f"{type(config).__qualname__}")
+        return self.job_service.plan_upgrade(pipeline, config)
 
     def new_light_job(self, pipeline: Any, config: JobConfig | None = None) -> Job:
         """Starts a light job: one request starts it on every member, this member coordinates

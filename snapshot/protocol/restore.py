@@ -23,16 +23,19 @@ __all__ = ["restore_state"]
 
 
 def restore_state(tasklets: "list[ProcessorTasklet]", reader: "SnapshotReader",
-                  snapshot_desc: str) -> None:
+                  snapshot_desc: str, skip: frozenset[str] = frozenset()) -> None:
     """Streams the saved entries of ``reader``'s snapshot, chunk by chunk, to the processors'
     restore hooks; raises SnapshotError on a mismatch between the snapshot and the job and
-    SnapshotDamagedError when saved data does not decode."""
+    SnapshotDamagedError when saved data does not decode. ``skip``: vertices whose saved
+    state the job drops (it was started allowing that: engine/jobs/upgrade_plan.py)."""
     by_vertex: "dict[str, list[ProcessorTasklet]]" = {}
     for t in tasklets:
-        by_vertex.setdefault(t.context.vertex_name, []).append(t)
+        if t.context.vertex_name not in skip:
+            by_vertex.setdefault(t.context.vertex_name, []).append(t)
     files = reader.record.files
     unknown = sorted(v for v, procs in files.items()
-                     if any(f[0] for f in procs.values()) and v not in by_vertex)
+                     if any(f[0] for f in procs.values()) and v not in by_vertex
+                     and v not in skip)
     if unknown:
         raise SnapshotError(
             f"{snapshot_desc} holds state of stage(s) {unknown} that this job does not have "
@@ -58,7 +61,8 @@ def restore_state(tasklets: "list[ProcessorTasklet]", reader: "SnapshotReader",
             for t, mine in zip(procs, routed):
                 _restore_one(t, mine)
     for t in tasklets:
-        if reader.record.vertex_completed(t.context.vertex_name):
+        if t.context.vertex_name not in skip \
+                and reader.record.vertex_completed(t.context.vertex_name):
             t.restore_completed()
     for t in tasklets:
         for _ in range(1_000_000):

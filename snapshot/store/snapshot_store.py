@@ -85,6 +85,10 @@ class CommitRecord:
     # in a cluster: where each member's part of the data is kept for every member to read
     # (member id -> {relative path: location}); empty for a snapshot of one member
     data_refs: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    # vertex -> the kind of stage it belongs to (Vertex.kind), for every vertex of the job's
+    # DAG that has one: a job started from this snapshot takes over a vertex's state only
+    # when its vertex of that name is of the same kind; empty in records written before
+    kinds: dict[str, str] = field(default_factory=dict)
 
     def vertex_completed(self, vertex: str) -> bool:
         """Whether every processor of ``vertex`` had completed when this snapshot was taken."""
@@ -115,7 +119,9 @@ class CommitRecord:
 
     @classmethod
     def from_json(cls, text: str) -> "CommitRecord":
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in fields.items() if k in known})
 
 
 class SavedFilesRef:
