@@ -268,6 +268,11 @@ class ProcessorContext:
     # JobConfig.state_backend, which ``state_backend`` names ("memory", "rocksdb")
     state_factory: Callable[[str, int, str], KeyedStateBackend] | None = None
     state_backend: str = "memory"
+    #: True while the processor restores a snapshot that another job wrote (the exported
+    #: snapshot a job starts from, JobConfig.initial_snapshot_name, or a backfill's
+    #: hand-off): a stage that converts saved state of an older shape (``migrate=``) does it
+    #: then, not when its job restores its own snapshots
+    restoring_other_job: bool = False
     _states: list[KeyedStateBackend] = field(default_factory=list)
 
     def keyed_state(self, name: str = "state") -> KeyedStateBackend:

@@ -40,6 +40,17 @@ def check_fn(fn: Any, where: str) -> None:
         raise TypeError(f"{where} expects a callable, got {type(fn).__qualname__}: {fn!r}")
 
 
+def check_migrate(migrate: Any, where: str) -> None:
+    """Checks a stage's ``migrate`` function: when a job starts from a snapshot another job
+    wrote (``JobConfig(initial_snapshot_name=...)``, a backfill's hand-off), each restored
+    state goes through ``migrate(old)`` and its result is the key's state from then on (a
+    None result drops the key). It must also accept a state already in the new shape (a
+    backfill's hand-off is written by the new pipeline) and return it as it is."""
+    if migrate is not None and not callable(migrate):
+        raise TypeError(f"{where} migrate expects a callable (old state -> new state), got "
+                        f"{type(migrate).__qualname__}: {migrate!r}")
+
+
 class Pipeline:
     """A graph of stages; submit it with ``Member.new_job``."""
 
@@ -239,20 +250,26 @@ class Stage(_StageBase):
         _check_window(self, wdef)
         return WindowedStage(self, wdef)
 
-    def rolling_aggregate(self, op: AggregateOperation) -> "Stage":
-        """The running result of ``op`` over every item so far, emitted for each item."""
+    def rolling_aggregate(self, op: AggregateOperation, *,
+                          migrate: Callable[[Any], Any] | None = None) -> "Stage":
+        """The running result of ``op`` over every item so far, emitted for each item.
+        ``migrate(old_accumulator)``: see :func:`check_migrate`."""
         _check_op(op, "rolling_aggregate()")
-        return self._next(RollingAggregateTransform(self.transform, op, None),
+        check_migrate(migrate, "rolling_aggregate()")
+        return self._next(RollingAggregateTransform(self.transform, op, None, migrate),
                           "rolling-aggregate")
 
     def map_stateful(self, create_fn: Callable[[], Any],
-                     map_fn: Callable[[Any, Any], Any]) -> "Stage":
+                     map_fn: Callable[[Any, Any], Any], *,
+                     migrate: Callable[[Any], Any] | None = None) -> "Stage":
         """``map_fn(state, item)`` with one state object (``create_fn()``) for the whole
-        stream, on one processor; a None result emits nothing."""
+        stream, on one processor; a None result emits nothing. ``migrate(old_state)``: see
+        :func:`check_migrate`."""
         check_fn(create_fn, "map_stateful() create_fn")
         check_fn(map_fn, "map_stateful() map_fn")
+        check_migrate(migrate, "map_stateful()")
         return self._next(MapStatefulTransform(self.transform, create_fn, map_fn, None, None,
-                                                None), "map-stateful")
+                                                None, migrate), "map-stateful")
 
     # --- keyed and aggregating -------------------------------------------------------------
 
@@ -544,22 +561,27 @@ class GroupedStage:
         _check_window(self.stage, wdef)
         return WindowedGroupedStage(WindowedStage(self.stage, wdef), self.key_fn)
 
-    def rolling_aggregate(self, op: AggregateOperation) -> Stage:
-        """``(key, result so far)`` for every item, the result of ``op`` over the key's items."""
+    def rolling_aggregate(self, op: AggregateOperation, *,
+                          migrate: Callable[[Any], Any] | None = None) -> Stage:
+        """``(key, result so far)`` for every item, the result of ``op`` over the key's items.
+        ``migrate(old_accumulator)``: see :func:`check_migrate`."""
         _check_op(op, "group_by().rolling_aggregate()")
+        check_migrate(migrate, "group_by().rolling_aggregate()")
         return self.stage._next(RollingAggregateTransform(self.stage.transform, op,
-                                                          self.key_fn), "rolling-aggregate")
+                                                          self.key_fn, migrate),
+                                "rolling-aggregate")
 
     def map_stateful(self, create_fn: Callable[[], Any],
                      map_fn: Callable[[Any, Any, Any], Any], ttl: int | None = None,
-                     on_evict: Callable[..., Any] | None = None) -> Stage:
+                     on_evict: Callable[..., Any] | None = None, *,
+                     migrate: Callable[[Any], Any] | None = None) -> Stage:
         """``map_fn(state, key, item)`` with one state object per key, made by
         ``create_fn()`` and changed in place; a None result emits nothing.
 
         ``ttl`` (event time, needs timestamps): a key's state is dropped when the watermark
         passes its last event's time + ``ttl``, after ``on_evict(state, key, watermark)``,
         whose result (unless None) is emitted. State must be msgpack-able (it is saved in
-        snapshots).
+        snapshots). ``migrate(old_state)``: see :func:`check_migrate`.
         """
         where = f"group_by().map_stateful() after stage {self.stage.name!r}"
         check_fn(create_fn, f"{where}: create_fn")
@@ -578,8 +600,9 @@ class GroupedStage:
                     f"{self.stage.name!r} has no timestamps; call with_timestamps() first")
         elif on_evict is not None:
             raise PipelineError(f"{where}: on_evict needs a ttl")
+        check_migrate(migrate, f"{where}:")
         return self.stage._next(MapStatefulTransform(self.stage.transform, create_fn, map_fn,
-                                                     self.key_fn, ttl, on_evict),
+                                                     self.key_fn, ttl, on_evict, migrate),
                                 "map-stateful")
 
     def map_using_map(self, map_name: str, key_fn: Callable[[Any], Any] | None = None,

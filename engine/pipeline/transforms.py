@@ -656,19 +656,21 @@ class RollingAggregateTransform(Transform):
     kind = "rolling-aggregate"
 
     def __init__(self, upstream: Transform, op: AggregateOperation,
-                 key_fn: Callable[[Any], Any] | None) -> None:
+                 key_fn: Callable[[Any], Any] | None,
+                 migrate: Callable[[Any], Any] | None = None) -> None:
         super().__init__([upstream])
         self.op = op
         self.key_fn = key_fn
+        self.migrate = migrate  # only a restore converts state: the backfill has none to
 
     def add_to_spark(self, backfill: Translator) -> StageOut | None:
         return backfill.rolling_aggregate(self)
 
     def add_to_dag(self, planner: Planner) -> None:
         timestamped = planner.output(self.upstream[0]).form is _TIMESTAMPED
-        name, op, key_fn = self.name, self.op, self.key_fn
+        name, op, key_fn, migrate = self.name, self.op, self.key_fn, self.migrate
         _plan_keyed_vertex(planner, self, key_fn, lambda: RollingAggregateProcessor(
-            name, op, key_fn, timestamped), timestamped)
+            name, op, key_fn, timestamped, migrate), timestamped)
 
 
 class MapStatefulTransform(Transform):
@@ -676,13 +678,15 @@ class MapStatefulTransform(Transform):
 
     def __init__(self, upstream: Transform, create_fn: Callable[[], Any],
                  map_fn: Callable[..., Any], key_fn: Callable[[Any], Any] | None,
-                 ttl: int | None, on_evict: Callable[..., Any] | None) -> None:
+                 ttl: int | None, on_evict: Callable[..., Any] | None,
+                 migrate: Callable[[Any], Any] | None = None) -> None:
         super().__init__([upstream])
         self.create_fn = create_fn
         self.map_fn = map_fn
         self.key_fn = key_fn
         self.ttl = ttl
         self.on_evict = on_evict
+        self.migrate = migrate  # only a restore converts state: the backfill has none to
 
     def add_to_spark(self, backfill: Translator) -> StageOut | None:
         return backfill.map_stateful(self)
@@ -691,10 +695,11 @@ class MapStatefulTransform(Transform):
         timestamped = planner.output(self.upstream[0]).form is _TIMESTAMPED
         if self.ttl is not None and not timestamped:
             raise PipelineError(f"stage {self.name!r}: a ttl needs timestamps on its input")
-        name, create_fn, map_fn, key_fn, ttl, on_evict = (
-            self.name, self.create_fn, self.map_fn, self.key_fn, self.ttl, self.on_evict)
+        name, create_fn, map_fn, key_fn, ttl, on_evict, migrate = (
+            self.name, self.create_fn, self.map_fn, self.key_fn, self.ttl, self.on_evict,
+            self.migrate)
         _plan_keyed_vertex(planner, self, key_fn, lambda: MapStatefulProcessor(
-            name, create_fn, map_fn, key_fn, timestamped, ttl, on_evict), timestamped)
+            name, create_fn, map_fn, key_fn, timestamped, ttl, on_evict, migrate), timestamped)
 
 
 # --- joins of two streams in event time ------------------------------------------------------

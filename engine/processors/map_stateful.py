@@ -24,6 +24,7 @@ from jetwake.engine.core.processor import BroadcastKey, Inbox, ProcessorContext
 from jetwake.engine.core.stream_items import timestamped
 from jetwake.engine.operations.watermark_policy import NO_WATERMARK
 from jetwake.engine.processors.event_time_base import EventTimeProcessor, call_with_arity
+from jetwake.engine.processors.state_migration import DROPPED, migrate_all, migrate_one
 
 __all__ = ["MapStatefulProcessor", "KeyedStates", "MapStatefulEntries", "NOT_EXPIRED",
            "END_OF_TIME", "expired_keys"]
@@ -143,8 +144,10 @@ class MapStatefulProcessor(EventTimeProcessor):
     def __init__(self, stage_name: str, create_fn: Callable[[], Any],
                  map_fn: Callable[..., Any], key_fn: Callable[[Any], Any] | None,
                  timestamped: bool, ttl: int | None = None,
-                 on_evict: Callable[..., Any] | None = None) -> None:
+                 on_evict: Callable[..., Any] | None = None,
+                 migrate: Callable[[Any], Any] | None = None) -> None:
         self.stage_name = stage_name
+        self.migrate = migrate  # converts states of an older shape (state_migration.py)
         self.create_fn = create_fn
         self.map_fn = map_fn
         self.key_fn = key_fn
@@ -259,6 +262,12 @@ class MapStatefulProcessor(EventTimeProcessor):
                 restored_wm = value if restored_wm is None else min(restored_wm, value)
                 continue
             state, last = MapStatefulEntries.read(value)
+            if state is not IN_FILES and self.migrate is not None \
+                    and self.context.restoring_other_job:
+                state = migrate_one(self.migrate, self.stage_name, k, state,
+                                    self.context.metrics)
+                if state is DROPPED:
+                    continue
             if state is not IN_FILES:
                 self.keyed.states[k] = state
             if last is not None and self.keyed.ttl is not None:
@@ -270,6 +279,10 @@ class MapStatefulProcessor(EventTimeProcessor):
         if self._restored_files:
             restore_keyed_state(self.keyed.states, self._restored_files,
                                 self.context.owned_partitions)
+            if self.migrate is not None and self.context.restoring_other_job:
+                for k in migrate_all(self.keyed.states, self.migrate, self.stage_name,
+                                     self.context.owned_partitions, self.context.metrics):
+                    self.keyed.last_ts.pop(k, None)  # its expiry finds it gone
         self._restored_files = None
         return True
 

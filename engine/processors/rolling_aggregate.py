@@ -17,6 +17,7 @@ from jetwake.engine.core.processor import Inbox
 from jetwake.engine.processors.event_time_base import (
     MISSING, EventTimeProcessor, first, second,
 )
+from jetwake.engine.processors.state_migration import DROPPED, migrate_all, migrate_one
 
 __all__ = ["RollingAggregateProcessor", "RollingEntries", "roll"]
 
@@ -52,8 +53,10 @@ class RollingEntries:
 
 class RollingAggregateProcessor(EventTimeProcessor):
     def __init__(self, stage_name: str, op: AggregateOperation,
-                 key_fn: Callable[[Any], Any] | None, timestamped: bool) -> None:
+                 key_fn: Callable[[Any], Any] | None, timestamped: bool,
+                 migrate: Callable[[Any], Any] | None = None) -> None:
         self.stage_name = stage_name
+        self.migrate = migrate  # converts accumulators of an older shape (state_migration.py)
         self.op = op
         self.key_fn = key_fn
         self.timestamped = timestamped
@@ -106,6 +109,10 @@ class RollingAggregateProcessor(EventTimeProcessor):
                     self._restored_files = []
                 self._restored_files.append(files)
                 continue
+            if self.migrate is not None and self.context.restoring_other_job:
+                acc = migrate_one(self.migrate, self.stage_name, k, acc, self.context.metrics)
+                if acc is DROPPED:
+                    continue
             old = self.accs.get(k, MISSING)
             if old is MISSING or combine is None:
                 self.accs[k] = acc
@@ -115,5 +122,8 @@ class RollingAggregateProcessor(EventTimeProcessor):
     def finish_snapshot_restore(self) -> bool:
         if self._restored_files:
             restore_keyed_state(self.accs, self._restored_files, self.context.owned_partitions)
+            if self.migrate is not None and self.context.restoring_other_job:
+                migrate_all(self.accs, self.migrate, self.stage_name,
+                            self.context.owned_partitions, self.context.metrics)
         self._restored_files = None
         return True

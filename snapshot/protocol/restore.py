@@ -32,6 +32,8 @@ def restore_state(tasklets: "list[ProcessorTasklet]", reader: "SnapshotReader",
     for t in tasklets:
         if t.context.vertex_name not in skip:
             by_vertex.setdefault(t.context.vertex_name, []).append(t)
+    for t in tasklets:
+        t.context.restoring_other_job = reader.record.job_id != t.context.job_id
     files = reader.record.files
     unknown = sorted(v for v, procs in files.items()
                      if any(f[0] for f in procs.values()) and v not in by_vertex
