@@ -27,6 +27,8 @@ these functions.
 from __future__ import annotations
 
 import copy
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
@@ -57,8 +59,11 @@ from jetwake.snapshot.store.snapshot_files import SnapshotFiles
 __all__ = [
     "STATEFUL_KINDS", "StatefulStage", "SavedEntry", "StateQueryError", "StateUnavailableError",
     "stateful_stages", "find_stage", "snapshot_entries", "decode_stage", "live_entries",
-    "key_type_problem", "filter_items", "value_bytes",
+    "key_type_problem", "filter_items", "value_bytes", "read_local_state", "LIVE_READ_TIMEOUT_S",
 ]
+
+LIVE_READ_TIMEOUT_S = 10.0
+"""How long a live read waits for a processor to serve it between two of its steps."""
 
 STATEFUL_KINDS = {
     "map-stateful": "map_stateful",
@@ -228,6 +233,33 @@ def live_entries(processor: Any, vertex: str, keys: list[Any] | None,
     return copy.deepcopy(out)
 
 
+def read_local_state(tasklets: Iterable[Any], vertices: Iterable[str], keys: list[Any] | None,
+                     timeout: float = LIVE_READ_TIMEOUT_S) -> list[SavedEntry]:
+    """The live entries this member's processors (``tasklets``) of ``vertices`` hold for
+    ``keys`` (all when None), each read on its processor's own thread
+    (``ProcessorTasklet.on_processor_thread``): the processors are asked at once and each
+    answers between two of its steps. StateUnavailableError when one does not answer in
+    ``timeout`` seconds (it is stuck, or its execution is ending)."""
+    wanted = set(vertices)
+    futures = []
+    for t in tasklets:
+        ctx = t.context
+        if ctx.vertex_name in wanted:
+            vertex, index = ctx.vertex_name, ctx.global_processor_index
+            futures.append((t, t.on_processor_thread(
+                lambda p, v=vertex, i=index: live_entries(p, v, keys, i))))
+    out: list[SavedEntry] = []
+    deadline = time.monotonic() + timeout
+    for t, f in futures:
+        try:
+            out.extend(f.result(max(0.0, deadline - time.monotonic())))
+        except FutureTimeout:
+            raise StateUnavailableError(f"processor {t.name} did not serve a state read in "
+                                        f"{timeout:g} s (its execution may be ending); try "
+                                        "again") from None
+    return out
+
+
 def _member_of(keys: list[Any]) -> Callable[[Any], bool]:
     try:
         wanted = set(keys)
@@ -373,8 +405,11 @@ def key_type_problem(stage: str, key: Any, key_types: Iterable[type]) -> str | N
         return None
     if isinstance(key, bool) or not any(isinstance(key, t) for t in types):
         names = " or ".join(sorted(t.__name__ for t in types))
-        return (f"stage {stage!r} has keys of type {names}; the key {key!r} is a "
-                f"{type(key).__name__} (on the command line, 42 is an int and '\"42\"' a str)")
+        tn = type(key).__name__
+        article = "an" if tn[:1] in "aeiou" else "a"
+        return (f"stage {stage!r} has keys of type {names}; the key {key!r} is {article} {tn}: "
+                f"give a key of type {names} (on the command line a key is JSON when it "
+                "parses: 42 is an int, '\"42\"' a str)")
     return None
 
 
