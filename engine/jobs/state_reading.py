@@ -377,7 +377,7 @@ def _decode_windows(stage: StatefulStage, entries: Iterable[SavedEntry]) -> dict
     windows.restore(partials, next_end)
     for results in windows.early_results():
         for r in results:
-            out.setdefault(r.key if stage.keyed else None, {})[(r.start, r.end)] = r.value
+            out.setdefault(r.key if stage.keyed else None, {})[(r.start, r.end)] = r.result
     return out
 
 

@@ -45,10 +45,10 @@ class StateView:
         self.consistency = consistency
         #: the snapshot the last answer came from (None for latest reads)
         self.snapshot_id: int | None = None
-        ask(stage=stage, op="check", consistency=consistency)  # a bad stage fails here
+        ask(stage=stage, read="check", consistency=consistency)  # a bad stage fails here
 
-    def _query(self, op: str, **args: Any) -> dict:
-        r = self._ask(stage=self.stage, op=op, consistency=self.consistency, **args)
+    def _query(self, read: str, **args: Any) -> dict:
+        r = self._ask(stage=self.stage, read=read, consistency=self.consistency, **args)
         self.snapshot_id = r.get("snapshot_id")
         return r
 
@@ -83,14 +83,15 @@ class StateView:
 
 # --- the job's side --------------------------------------------------------------------------
 
-def query_state(c: Any, stage: str, op: str, consistency: str = "snapshot",
+def query_state(c: Any, stage: str, read: str, consistency: str = "snapshot",
                 keys: list | None = None, limit: int | None = None,
                 prefix: Any = None) -> dict:
-    """Answers one read of a StateView on the job's coordinator ``c``: ``op`` is "check",
+    """Answers one read of a StateView on the job's coordinator ``c``: ``read`` is "check",
     "get" (``keys``), "items" (``limit``, ``prefix``) or "count"; returns ``{"entries":
     [[key, value], ...], "count": n, "snapshot_id": id or None}``."""
     if consistency not in CONSISTENCIES:
         raise StateQueryError(f"consistency must be 'snapshot' or 'latest', got {consistency!r}")
+    op = read
     st = find_stage(c.definition, c.name, stage)
     if op == "check":
         return {"entries": [], "count": 0, "snapshot_id": None}
