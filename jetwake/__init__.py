@@ -19,6 +19,8 @@ from jetwake.engine.core.errors import (
 )
 from jetwake.engine.core.stream_items import Watermark
 from jetwake.engine.jobs.job import Job
+from jetwake.engine.jobs.state_reading import StateQueryError, StateUnavailableError
+from jetwake.engine.jobs.state_view import StateView
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.server.member import Member
@@ -52,4 +54,5 @@ __all__ = [
     "AuthenticationError", "SnapshotError", "RestartableError", "FallbackRefusedError",
     "SparkRunner",
     "ServiceFactory", "ServiceError",
+    "StateView", "StateQueryError", "StateUnavailableError",
 ]

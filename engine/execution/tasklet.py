@@ -9,8 +9,10 @@ life is a :class:`ProcessorState`.
 
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import Future
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from jetwake.engine.core.stream_items import DONE, SnapshotBarrier, Watermark
 from jetwake.engine.core.processor import Inbox, Outbox, Processor, ProcessorContext
@@ -99,6 +101,9 @@ class ProcessorTasklet:
         # set by the execution service's scheduler
         self.steal_to: CooperativeWorker | None = None
         self.execution: Execution | None = None
+        #: reads of the processor's state, each run on its own thread between two steps
+        #: (:meth:`on_processor_thread`): job.state(consistency="latest")
+        self.state_reads: deque[tuple[Callable[[Processor], Any], Future[Any]]] = deque()
 
     def init(self) -> None:
         self.processor.outbox = self.outbox
@@ -107,7 +112,27 @@ class ProcessorTasklet:
 
     # --- the cooperative step ------------------------------------------------------------
 
+    def on_processor_thread(self, fn: Callable[[Processor], Any]) -> "Future[Any]":
+        """``fn(processor)`` run on the processor's own thread before its next step, so it
+        sees the processor's state between two steps and never half-changed; its result (or
+        error) in the returned future. A processor that ended keeps its state unchanged, so
+        ``fn`` then runs at once on the caller's thread."""
+        future: Future[Any] = Future()
+        if self._closed or self._state in (_TERMINATED, _END):
+            _run_into(fn, self.processor, future)
+            return future
+        self.state_reads.append((fn, future))
+        return future
+
+    def _serve_state_reads(self) -> None:
+        reads = self.state_reads
+        while reads:
+            fn, future = reads.popleft()
+            _run_into(fn, self.processor, future)
+
     def call(self) -> int:
+        if self.state_reads:
+            self._serve_state_reads()
         added_before = self.outbox.added
         moved = self._flush_outbox()
         snap = self.snapshot
@@ -321,6 +346,8 @@ class ProcessorTasklet:
         return self.outbox.is_empty() and not any(s.has_pending for s in self.outbound)
 
     def close(self) -> None:
+        if self.state_reads:
+            self._serve_state_reads()
         if not self._closed:
             self._closed = True
             try:
@@ -347,3 +374,10 @@ class ProcessorTasklet:
 
     def __repr__(self) -> str:
         return f"ProcessorTasklet({self.name})"
+
+
+def _run_into(fn: Callable[[Processor], Any], processor: Processor, future: "Future[Any]") -> None:
+    try:
+        future.set_result(fn(processor))
+    except BaseException as e:  # noqa: BLE001 - the reader gets the error
+        future.set_exception(e)

@@ -21,7 +21,7 @@ __all__ = [
     "ExecutionMessage", "MessageFormatError", "InitExecution", "Initialized", "StartExecution",
     "StartSnapshot", "CompletePhase1", "Phase1Result", "CompletePhase2", "Phase2Result",
     "CancelExecution", "ExecutionMetrics", "MemberCounts", "ExecutionEnded", "ForgetJob",
-    "REQUESTS", "decode", "decode_request", "ExecutionTransport",
+    "REQUESTS", "decode", "decode_request", "ExecutionTransport", "ReadState", "StateEntries",
 ]
 
 
@@ -210,6 +210,27 @@ class ForgetJob(ExecutionMessage):
     job_id: str
 
 
+@dataclass(frozen=True)
+class StateEntries(ExecutionMessage):
+    """The entries the member's processors hold of a stage's state, each
+    ``[vertex, key, value]`` in the form they save it (engine/jobs/state_reading.py)."""
+
+    OP: ClassVar[str] = "exec.read_state/reply"
+    entries: list
+
+
+@dataclass(frozen=True)
+class ReadState(ExecutionMessage):
+    """Ask for the live state the member's processors of ``vertices`` hold for ``keys`` (all
+    of it when None): ``job.state(stage, consistency="latest")``."""
+
+    OP: ClassVar[str] = "exec.read_state"
+    REPLY: ClassVar[type[ExecutionMessage]] = StateEntries
+    exec_key: str
+    vertices: list
+    keys: list | None
+
+
 # --- member -> coordinator ---------------------------------------------------------------------
 
 
@@ -232,7 +253,8 @@ class ExecutionEnded(ExecutionMessage):
 
 REQUESTS: dict[str, type[ExecutionMessage]] = {
     cls.OP: cls for cls in (InitExecution, StartExecution, StartSnapshot, CompletePhase1,
-                            CompletePhase2, CancelExecution, ExecutionMetrics, ForgetJob)}
+                            CompletePhase2, CancelExecution, ExecutionMetrics, ForgetJob,
+                            ReadState)}
 """The operations a member serves, by name."""
 
 

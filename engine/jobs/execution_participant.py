@@ -38,9 +38,10 @@ from jetwake.engine.core.errors import RestartableError, is_restartable_cause
 from jetwake.engine.jobs.execution_messages import (
     CancelExecution, CompletePhase1, CompletePhase2, ExecutionEnded, ExecutionMessage,
     ExecutionMetrics, ForgetJob, InitExecution, Initialized, MemberCounts, Phase1Result,
-    Phase2Result, StartExecution, StartSnapshot,
+    Phase2Result, ReadState, StartExecution, StartSnapshot, StateEntries,
 )
 from jetwake.engine.jobs.member_share import close_quietly, prepare_share
+from jetwake.engine.jobs.state_reading import read_local_state
 from jetwake.engine.execution.execution_metrics import Counts
 from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.execution.plan import PlanContext
@@ -138,6 +139,7 @@ class ExecutionParticipant:
             CompletePhase1: self.phase1, CompletePhase2: self.phase2,
             CancelExecution: lambda m: self.cancel(m.exec_key),
             ForgetJob: lambda m: self.forget_job(m.job_id), ExecutionMetrics: self.metrics,
+            ReadState: self.read_state,
         }
 
     def handle(self, message: ExecutionMessage) -> ExecutionMessage | None:
@@ -299,6 +301,14 @@ class ExecutionParticipant:
         ex = self._get(msg.exec_key)
         counts: Counts = {} if ex.execution is None else ex.execution.metrics()
         return MemberCounts(counts=counts)
+
+    def read_state(self, msg: ReadState) -> StateEntries:
+        """The live state this member's processors of ``msg.vertices`` hold for ``msg.keys``,
+        each read on its processor's own thread."""
+        ex = self._get(msg.exec_key)
+        tasklets = [] if ex.execution is None else list(ex.execution.tasklets)
+        found = read_local_state(tasklets, msg.vertices, msg.keys)
+        return StateEntries(entries=[[e.vertex, e.key, e.value] for e in found])
 
     def forget_job(self, job_id: str) -> None:
         """The job ended for good: drops this member's copies of its snapshots."""

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
+from jetwake.engine.jobs.state_view import StateView, query_state
 
 if TYPE_CHECKING:  # pragma: no cover
     from jetwake.engine.jobs.job_coordinator import JobCoordinator
@@ -98,6 +99,15 @@ class Job:
 
     def metrics(self) -> dict[str, dict[str, float]]:
         return self._c.metrics()
+
+    def state(self, stage: str, consistency: str = "snapshot") -> StateView:
+        """A view of the state of the stateful stage ``stage`` (its name): ``get(key)``,
+        ``get_all(keys)``, ``items(limit=None, prefix=None)`` and ``count()``. With
+        ``consistency="snapshot"`` (the default) it reads the last committed snapshot, a
+        consistent cut across every key and member; with ``"latest"`` the live state of the
+        processors that own the keys. See docs/state.md, "Reading a running job's state"."""
+        c = self._c
+        return StateView(lambda **args: query_state(c, **args), stage, consistency)
 
     def __repr__(self) -> str:
         return f"Job(id={self.id!r}, name={self.name!r}, status={self.status.value})"

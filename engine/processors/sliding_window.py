@@ -40,7 +40,7 @@ from jetwake.engine.processors.window_entries import WindowEntries
 
 __all__ = ["FrameAccumulateProcessor", "WindowCombineProcessor", "SlidingWindowProcessor",
            "FrameWindows", "composite_operation", "accumulate_frames", "accumulate_windows",
-           "close_windows"]
+           "close_windows", "frame_items"]
 
 
 # results are built with tuple.__new__, skipping the Python-level __new__ (one call per result)
@@ -131,6 +131,20 @@ def close_windows(windows: dict[int, dict], limit: int, op: AggregateOperation, 
             yield [WindowResult(e - size, e, finish(a)) for a in table.values()]
 
 
+def frame_items(f: int, tables: list[dict], ops: Sequence[AggregateOperation]) -> list:
+    """The ``(key, frame start, acc)`` partials of frame ``f`` from its per-input tables
+    (key -> accumulator): the accumulator alone of one input, else the list of the inputs'
+    (``create()`` for an input without the key). The accumulating processor sends these, and
+    a reader of its saved or live state builds the open windows from them."""
+    if len(tables) == 1:
+        return [(k, f, a) for k, a in tables[0].items()]
+    keys: dict = {}
+    for t in tables:
+        keys.update(dict.fromkeys(t))
+    return [(k, f, [t[k] if k in t else ops[i].create() for i, t in enumerate(tables)])
+            for k in keys]
+
+
 class WindowProcessorBase(EventTimeProcessor):
     def __init__(self, stage_name: str, wdef: WindowDefinition, side_output: bool) -> None:
         self.stage_name = stage_name
@@ -216,14 +230,7 @@ class FrameAccumulateProcessor(WindowProcessorBase):
                           self.slide, self.key_fns[ordinal], self.ops[ordinal].accumulate_grouped)
 
     def _frame_items(self, f: int, tables: list[dict]) -> list:
-        if self.n == 1:
-            return [(k, f, a) for k, a in tables[0].items()]
-        keys: dict = {}
-        for t in tables:
-            keys.update(dict.fromkeys(t))
-        ops = self.ops
-        return [(k, f, [t[k] if k in t else ops[i].create() for i, t in enumerate(tables)])
-                for k in keys]
+        return frame_items(f, tables, self.ops)
 
     def _close_upto(self, limit: int) -> None:
         frames = self.frames

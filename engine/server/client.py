@@ -22,6 +22,7 @@ from jetwake.engine.core import errors as _errors
 from jetwake.engine.core.errors import JetwakeError, JobNotFoundError
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
+from jetwake.engine.jobs.state_view import StateView
 from jetwake.engine.core.serialization import dumps, loads
 from jetwake.engine.server.authentication import HELLO_MAX_BYTES
 from jetwake.engine.net.framing import ProtocolError, read_frame, write_frame
@@ -58,6 +59,9 @@ def _error_classes() -> dict[str, type[BaseException]]:
     for name in _errors.__all__:
         classes[name] = getattr(_errors, name)
     classes["AuthenticationError"] = AuthenticationError
+    from jetwake.engine.jobs.state_reading import StateQueryError, StateUnavailableError
+    classes["StateQueryError"] = StateQueryError
+    classes["StateUnavailableError"] = StateUnavailableError
     classes["MemberUnreachableError"] = MemberUnreachableError
     try:  # jetwake's other public errors, if their modules import
         from jetwake.engine.core.dag import DagValidationError
@@ -384,6 +388,13 @@ class RemoteJob:
 
     def metrics(self) -> dict[str, dict[str, float]]:
         return self._client.call("job_metrics", id=self.id)
+
+    def state(self, stage: str, consistency: str = "snapshot") -> StateView:
+        """A view of a stateful stage's state, as ``Job.state`` (each read a request to the
+        member, answered by the job's coordinator)."""
+        client, job_id = self._client, self.id
+        return StateView(lambda **args: client.call("job_state", id=job_id, **args), stage,
+                         consistency)
 
     def is_done(self) -> bool:
         return bool(self.refresh().get("done"))

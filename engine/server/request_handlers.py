@@ -25,6 +25,7 @@ from jetwake.engine.core.errors import JobNotFoundError, JobStateError
 from jetwake.engine.core.serialization import dumps, loads
 from jetwake.engine.jobs.job_config import JobConfig
 from jetwake.engine.jobs.job_status import JobStatus
+from jetwake.engine.jobs.state_view import query_state
 from jetwake.engine.net.framing import ProtocolError
 from jetwake.engine.server.dashboard.requests import DashboardRequests
 from jetwake.engine.server.protocol import error_pair, version
@@ -108,7 +109,7 @@ class RequestHandlers:
     #: what a member of a cluster that does not coordinate it hands to the coordinator, so
     #: that every member gives the same answers about the cluster's jobs
     FORWARDED = {"submit", "job_start", "get_job", "job_info", "jobs", "job_action", "job_join",
-                 "job_wait", "job_metrics", "snapshots", "delete_snapshot"} \
+                 "job_wait", "job_metrics", "snapshots", "delete_snapshot", "job_state"} \
         | DashboardRequests.FORWARDED
 
     def __init__(self, member: "Member", member_info: Callable[[], dict],
@@ -132,6 +133,7 @@ class RequestHandlers:
             "job_join": self.job_join,
             "job_wait": self.job_wait,
             "job_metrics": self.job_metrics,
+            "job_state": self.job_state,
             "snapshots": self.snapshots,
             "delete_snapshot": self.delete_snapshot,
             "write_snapshot": self.write_snapshot,
@@ -352,6 +354,12 @@ class RequestHandlers:
 
     def job_metrics(self, peer: str, id: str) -> dict:  # noqa: A002
         return self._coordinator(id).metrics()
+
+    def job_state(self, peer: str, id: str, stage: str, read: str,  # noqa: A002
+                  consistency: str = "snapshot", keys: list | None = None,
+                  limit: int | None = None, prefix: Any = None) -> dict:
+        """One read of ``job.state(stage)`` (engine/jobs/state_view.py)."""
+        return query_state(self._coordinator(id), stage, read, consistency, keys, limit, prefix)
 
     # --- snapshots -------------------------------------------------------------------------
 

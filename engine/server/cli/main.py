@@ -21,6 +21,7 @@ from jetwake.engine.server.cli.job_commands import (
 )
 from jetwake.engine.server.cli.member_commands import cmd_cluster, cmd_member_start
 from jetwake.engine.server.cli.pipeline_files import PipelineFileError
+from jetwake.engine.server.cli.state_command import add_state_parser
 from jetwake.engine.server.cli.snapshot_commands import (
     cmd_delete_snapshot, cmd_list_snapshots, cmd_save_snapshot,
 )
@@ -238,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cluster)
 
     add_backfill_parser(sub, _FMT, common)
+    add_state_parser(add)
     return parser
 
 

@@ -1,0 +1,213 @@
+"""``job.state(stage)``: a view of a stateful stage's state while the job runs.
+
+The view asks its job for each answer (:func:`query_state` on the job's coordinator, in
+process for a :class:`~jetwake.engine.jobs.job.Job` and through the member's service for a
+``RemoteJob``), so only the entries asked for travel. Two consistencies:
+
+- ``"snapshot"`` (the default) answers from the job's last committed snapshot: a consistent
+  cut across every key and member. The stage's entries of that snapshot are decoded once
+  (engine/jobs/state_reading.py) and kept until a newer snapshot commits.
+- ``"latest"`` answers from the live processors: a key's read goes to the member owning its
+  partition, whose processor serves it on its own thread between two of its steps; a scan
+  asks every member. Processing pauses only for the copy of the entries read.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Any, Callable, Iterator
+
+from jetwake.engine.core.partitioning import partition_of
+from jetwake.engine.jobs.execution_messages import ReadState, StateEntries
+from jetwake.engine.jobs.state_reading import (
+    LIVE_READ_TIMEOUT_S, SavedEntry, StatefulStage, StateQueryError, StateUnavailableError,
+    decode_stage, filter_items, find_stage, key_type_problem, snapshot_entries,
+)
+
+__all__ = ["StateView", "query_state", "CONSISTENCIES"]
+
+CONSISTENCIES = ("snapshot", "latest")
+
+
+class StateView:
+    """The state of one stateful stage of a job (``job.state(stage, consistency=...)``).
+
+    ``get(key)`` the value of a key (None when the stage holds none), ``get_all(keys)`` a
+    dict of the keys found, ``items(limit=None, prefix=None)`` an iterator of ``(key,
+    value)``, ``count()`` the number of keys. What a value is depends on the stage (see
+    docs/state.md, "Reading a running job's state")."""
+
+    def __init__(self, ask: Callable[..., dict], stage: str, consistency: str) -> None:
+        if consistency not in CONSISTENCIES:
+            raise ValueError(f"consistency must be 'snapshot' or 'latest', got {consistency!r}")
+        self._ask = ask
+        self.stage = stage
+        self.consistency = consistency
+        #: the snapshot the last answer came from (None for latest reads)
+        self.snapshot_id: int | None = None
+        ask(stage=stage, read="check", consistency=consistency)  # a bad stage fails here
+
+    def _query(self, read: str, **args: Any) -> dict:
+        r = self._ask(stage=self.stage, read=read, consistency=self.consistency, **args)
+        self.snapshot_id = r.get("snapshot_id")
+        return r
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value of ``key``; ``default`` when the stage holds none for it."""
+        for k, v in self._query("get", keys=[key])["entries"]:
+            return v
+        return default
+
+    def get_all(self, keys: Any) -> dict:
+        """The values of those of ``keys`` the stage holds, by key."""
+        keys = list(keys)
+        if not keys:
+            return {}
+        return {k: v for k, v in self._query("get", keys=keys)["entries"]}
+
+    def items(self, limit: int | None = None, prefix: Any = None) -> Iterator[tuple[Any, Any]]:
+        """``(key, value)`` of the stage's keys (sorted when the keys compare), at most
+        ``limit``; with ``prefix`` only keys starting with it: a str or bytes key by its
+        text, a tuple key by its leading elements (``prefix`` a tuple of them, or one value
+        for the first element)."""
+        return iter([(k, v) for k, v in
+                     self._query("items", limit=limit, prefix=prefix)["entries"]])
+
+    def count(self) -> int:
+        """How many keys the stage holds."""
+        return int(self._query("count")["count"])
+
+    def __repr__(self) -> str:
+        return f"StateView({self.stage!r}, consistency={self.consistency!r})"
+
+
+# --- the job's side --------------------------------------------------------------------------
+
+def query_state(c: Any, stage: str, read: str, consistency: str = "snapshot",
+                keys: list | None = None, limit: int | None = None,
+                prefix: Any = None) -> dict:
+    """Answers one read of a StateView on the job's coordinator ``c``: ``read`` is "check",
+    "get" (``keys``), "items" (``limit``, ``prefix``) or "count"; returns ``{"entries":
+    [[key, value], ...], "count": n, "snapshot_id": id or None}``."""
+    if consistency not in CONSISTENCIES:
+        raise StateQueryError(f"consistency must be 'snapshot' or 'latest', got {consistency!r}")
+    op = read
+    st = find_stage(c.definition, c.name, stage)
+    if op == "check":
+        return {"entries": [], "count": 0, "snapshot_id": None}
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise StateQueryError(f"limit must be None or an int >= 0, got {limit!r}")
+    if consistency == "snapshot":
+        sid, state = _snapshot_state(c, st)
+    else:
+        sid, state = None, _live_state(c, st, keys if op == "get" else None)
+    if op == "get":
+        found = []
+        for k in keys or ():
+            try:
+                if k in state:
+                    found.append([k, state[k]])
+                    continue
+            except TypeError:  # an unhashable key is no key
+                pass
+            _check_key_type(c, st, k, state)
+        return {"entries": found, "count": len(found), "snapshot_id": sid}
+    if op == "count":
+        return {"entries": [], "count": len(state), "snapshot_id": sid}
+    if op == "items":
+        return {"entries": [[k, v] for k, v in filter_items(_sorted(state), prefix, limit)],
+                "count": len(state), "snapshot_id": sid}
+    raise StateQueryError(f"unknown state read {op!r}: get, items or count")
+
+
+def _sorted(state: dict) -> list[tuple[Any, Any]]:
+    try:
+        return sorted(state.items(), key=lambda kv: kv[0])
+    except TypeError:  # keys that do not compare: as read
+        return list(state.items())
+
+
+def _check_key_type(c: Any, st: StatefulStage, key: Any, state: dict) -> None:
+    types = {type(k) for k in islice(state, 1000)}
+    if not types and st.keyed:
+        try:  # a live read of absent keys: the last snapshot's keys say the type
+            types = {type(k) for k in islice(_snapshot_state(c, st)[1], 1000)}
+        except StateQueryError:
+            return
+    problem = key_type_problem(st.name, key, types)
+    if problem is not None:
+        raise StateQueryError(problem)
+
+
+def _snapshot_state(c: Any, st: StatefulStage) -> tuple[int, dict]:
+    """``(snapshot id, key -> value)`` of the stage in the job's last committed snapshot,
+    decoded once per snapshot."""
+    rec = c.last_snapshot or c.store.latest(c.job_id)
+    if rec is None:
+        if c.config.processing_guarantee == "none":
+            raise StateQueryError(
+                f"job {c.name!r} takes no snapshots (processing_guarantee='none'), so its "
+                f"stage {st.name!r} has no committed state to read: read it with "
+                "consistency='latest', or submit the job with JobConfig(processing_guarantee="
+                "'exactly_once' or 'at_least_once')")
+        raise StateQueryError(
+            f"job {c.name!r} has no committed snapshot yet, so its stage {st.name!r} has no "
+            f"committed state to read: wait for the first snapshot (one every "
+            f"{c.config.snapshot_interval_ms} ms, JobConfig(snapshot_interval_ms=...)), take "
+            "one with job.take_snapshot(), or read with consistency='latest'")
+    cache = c.__dict__.setdefault("_state_reads", {})
+    hit = cache.get(st.name)
+    if hit is not None and hit[0] == (rec.job_id, rec.snapshot_id):
+        return rec.snapshot_id, hit[1]
+    reader = c.store.reader(rec)
+    state = decode_stage(st, snapshot_entries(reader, [v for v in st.vertices
+                                                        if v in rec.files]))
+    cache[st.name] = ((rec.job_id, rec.snapshot_id), state)
+    return rec.snapshot_id, state
+
+
+# stages whose key lives on one member: the others hold state of any key (the partial frames
+# of a two-stage aggregation, a broadcast table on every member)
+def _routed_by_key(st: StatefulStage) -> bool:
+    return st.keyed and not st.two_stage and not st.broadcast \
+        and not (st.kind == "aggregate" and len(st.vertices) > 1)
+
+
+def _live_state(c: Any, st: StatefulStage, keys: list | None) -> dict:
+    """``key -> value`` of the stage's live processors: of ``keys`` (each asked of the member
+    owning its partition), or all of it (every member asked)."""
+    execution = c.running_execution()
+    if execution is None:
+        raise StateUnavailableError(f"job {c.name!r} is {c.status.value.lower()}: no processor "
+                                    f"holds stage {st.name!r}'s live state now; try again "
+                                    "when it runs, or read with consistency='snapshot'")
+    members = list(execution.members)
+    asks: dict[str, list | None] = {}
+    if keys is not None and _routed_by_key(st):
+        for k in keys:
+            try:
+                owner = members[partition_of(k) % len(members)]
+            except TypeError:
+                continue  # a key that cannot be partitioned is in no state
+            asks.setdefault(owner, []).append(k)  # type: ignore[union-attr]
+    elif st.broadcast:
+        asks[execution.local if execution.local in members else members[0]] = keys
+    else:
+        asks = {m: keys for m in members}
+    futures = {m: execution.call(m, ReadState(exec_key=execution.exec_key,
+                                              vertices=list(st.vertices), keys=ks),
+                                 LIVE_READ_TIMEOUT_S)
+               for m, ks in asks.items()}
+    replies = execution.gather(futures, LIVE_READ_TIMEOUT_S + 5, ReadState.OP)
+    entries: list[SavedEntry] = []
+    for m, r in replies.items():
+        if isinstance(r, StateEntries):
+            entries.extend(SavedEntry(v, k, val) for v, k, val in r.entries)
+            continue
+        if isinstance(r, (StateQueryError,)):
+            raise r
+        raise StateUnavailableError(
+            f"stage {st.name!r} of job {c.name!r}: member {m} did not answer a state read "
+            f"({r}); it may have left the cluster, and the job restarts without it: try "
+            "again") from (r if isinstance(r, BaseException) else None)
+    return decode_stage(st, entries)
