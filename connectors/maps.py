@@ -13,13 +13,35 @@ from jetwake.engine.backfill.connector_forms import SparkReader, SparkWriter
 from jetwake.engine.backfill.stage_output import StageOut
 
 __all__ = ["MapSourceProcessor", "MapSinkProcessor", "MapJournalSourceProcessor",
-           "JournalOverrunError", "MapSparkReader", "MapSparkWriter"]
+           "JournalOverrunError", "MapSparkReader", "MapSparkWriter", "MapJournalEntries"]
 
 _JOURNAL_BATCH = 4096
 
 
 class JournalOverrunError(JetwakeError):
     """Events the journal source had not read yet were dropped from the bounded journal."""
+
+
+class MapJournalEntries:
+    """The snapshot entry of a map journal source, one codec for the processor (which saves
+    and restores it) and for snapshot inspection (which shows it): under
+    ``BroadcastKey(("map-journal", map name))``, ``[next sequence, highest event time or
+    None]``."""
+
+    @staticmethod
+    def position(name: str, seq: int, top: int | None) -> tuple[BroadcastKey, list]:
+        return BroadcastKey(("map-journal", name)), [seq, top]
+
+    @staticmethod
+    def is_position(key: Any) -> bool:
+        return type(key) is BroadcastKey and type(key.key) is tuple \
+            and key.key[:1] == ("map-journal",)
+
+    @staticmethod
+    def read(value: Any) -> tuple[int, int | None]:
+        """``(next sequence, highest event time)``; a snapshot of an older version holds the
+        sequence alone."""
+        return (value, None) if isinstance(value, int) else (value[0], value[1])
 
 
 class MapSourceProcessor(Processor):
@@ -149,13 +171,12 @@ class MapJournalSourceProcessor(Processor, PartitionedSource):
         if self.seq is None:
             self.seq = self._first_seq()
         top = self.et.tops().get(0) if self.et is not None else None
-        return self.outbox.offer_to_snapshot(BroadcastKey(("map-journal", self.name)),
-                                             [self.seq, top])
+        return self.outbox.offer_to_snapshot(*MapJournalEntries.position(self.name, self.seq,
+                                                                          top))
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         for _, saved in inbox.drain():
-            # [sequence, top]; a snapshot of an older version holds the sequence alone
-            self.seq, top = (saved, None) if isinstance(saved, int) else saved
+            self.seq, top = MapJournalEntries.read(saved)
             if self.et is not None and self._reader and top is not None:
                 self.et.add_partition(0, top)
 

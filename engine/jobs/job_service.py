@@ -124,7 +124,7 @@ class JobService:
                 f"no exported snapshot named '{name}' (JobConfig.initial_snapshot_name); "
                 "member.snapshots() lists them")
         return plan_upgrade(compile_definition(pipeline, self.default_parallelism(config)),
-                            saved)
+                            saved, config.allow_state_drop)
 
     def add_light(self, job_id: str, pipeline: Any, config: JobConfig) -> JobCoordinator:
         """Registers a light job (no snapshots, no record) under ``job_id``."""

@@ -66,6 +66,8 @@ class UpgradePlan:
     job_name: str
     snapshot_id: int
     stages: list[StagePlan] = field(default_factory=list)
+    #: the job was asked to start even if it drops state (JobConfig.allow_state_drop)
+    allow_state_drop: bool = False
 
     @property
     def taken_over(self) -> list[str]:
@@ -85,6 +87,11 @@ class UpgradePlan:
     @property
     def drops_state(self) -> bool:
         return any(s.outcome == DROPS for s in self.stages)
+
+    @property
+    def refused(self) -> bool:
+        """Whether the job would be refused: it drops state and that was not allowed."""
+        return self.drops_state and not self.allow_state_drop
 
     def refusal(self, job_name: str) -> StateDropRefusedError:
         """The error that refuses to start ``job_name`` with this plan: the dropped stages,
@@ -110,14 +117,15 @@ class UpgradePlan:
         return {"snapshot": self.snapshot, "job_name": self.job_name,
                 "snapshot_id": self.snapshot_id, "stages": [asdict(s) for s in self.stages],
                 "taken_over": self.taken_over, "dropped": self.dropped,
-                "started_empty": self.started_empty}
+                "started_empty": self.started_empty, "allow_state_drop": self.allow_state_drop,
+                "refused": self.refused}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "UpgradePlan":
         known = StagePlan.__dataclass_fields__
         return cls(d["snapshot"], d["job_name"], d["snapshot_id"],
                    [StagePlan(**{k: v for k, v in s.items() if k in known})
-                    for s in d.get("stages", ())])
+                    for s in d.get("stages", ())], bool(d.get("allow_state_drop")))
 
     def describe(self) -> str:
         """The plan as lines of text, one per stage, grouped by outcome."""
@@ -132,17 +140,23 @@ class UpgradePlan:
                         else "no saved state")
                 why = f" - {s.why}" if s.why else ""
                 lines.append(f"    {s.vertex} [{kind}]: {what}{why}")
+        if self.refused:
+            lines.append("The job would be refused: it drops saved state (keep the stage's "
+                         "name with set_name, or allow the drop: allow_state_drop=True, "
+                         "--allow-state-drop)")
+        elif self.drops_state:
+            lines.append("The job would start, dropping that state (allow_state_drop)")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.describe()
 
 
-def plan_upgrade(dag: DAG, rec: CommitRecord) -> UpgradePlan:
+def plan_upgrade(dag: DAG, rec: CommitRecord, allow_state_drop: bool = False) -> UpgradePlan:
     """The plan of a job of ``dag`` started from the snapshot ``rec`` (see the module doc)."""
     new_kinds = {v.name: getattr(v, "kind", None) for v in dag.vertices}
     plan = UpgradePlan(rec.name or f"snapshot {rec.snapshot_id}", rec.job_name,
-                       rec.snapshot_id)
+                       rec.snapshot_id, allow_state_drop=allow_state_drop)
     saved = set()
     for vertex in sorted(rec.files):
         procs = rec.files[vertex].values()

@@ -226,6 +226,8 @@ class Client:
         runs. A start that fails raises its error (under the same class when it is a jetwake
         or built-in error), however long the member took to find it."""
         job = self.submit_job(pipeline, config)
+        if not isinstance(job, RemoteJob):
+            return job  # JobConfig(dry_run=True): the upgrade plan
         error = job.wait_started()["start"]["error"]
         if error is not None:
             raise remote_error(error)
@@ -265,6 +267,11 @@ class Client:
         if light:
             args["light"] = True
         info = self.call("submit", **args)
+        if info.get("dry_run"):
+            # JobConfig(initial_snapshot_name=..., dry_run=True): what the job would do with
+            # the snapshot's state, and no job (engine/jobs/upgrade_plan.py)
+            from jetwake.engine.jobs.upgrade_plan import UpgradePlan
+            return UpgradePlan.from_dict(info["plan"])  # type: ignore[return-value]
         return RemoteJob(self, info)
 
     @property
@@ -305,6 +312,11 @@ class Client:
         ``name`` (a Spark backfill's hand-off); returns its commit record."""
         return _commit_record(self.call("write_snapshot", name=name, job_name=job_name,
                                         entries=[list(e) for e in entries]))
+
+    def inspect_snapshot(self, ref: str, sample: int = 5) -> dict:
+        """What an exported snapshot (by name), or a job's last committed snapshot (by the
+        job's name or id), holds: see ``Member.inspect_snapshot``."""
+        return self.call("snapshot_inspect", ref=ref, sample=sample)
 
     # --- data ------------------------------------------------------------------------------
 

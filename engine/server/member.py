@@ -42,6 +42,7 @@ from jetwake.engine.jobs.job_service import JobService, new_job_id
 from jetwake.engine.jobs.member_place import LIGHT_PREFIX, Alone, MemberPlace, light_job_owner
 from jetwake.engine.jobs.upgrade_plan import UpgradePlan
 from jetwake.engine.server.member_service import MemberService
+from jetwake.engine.server.snapshot_inspection import SAMPLE_KEYS, find_snapshot, inspect_snapshot
 from jetwake.snapshot.store.snapshot_store import CommitRecord, SnapshotStore
 
 __all__ = ["Member", "NotCoordinatorError"]
@@ -374,6 +375,20 @@ class Member:
     def snapshots(self) -> list:
         """The named (exported) snapshots, as commit records (name, job, time, size)."""
         return self.snapshot_store.exports()
+
+    def inspect_snapshot(self, ref: str, sample: int = SAMPLE_KEYS) -> dict:
+        """What a committed snapshot holds: ``ref`` names an exported snapshot, or a job
+        (its last committed snapshot). Its id, time, job and checksums; per stage its kind,
+        entries, bytes, keys and a sample of them (decoded); each source's positions per
+        partition and the stages' watermarks (engine/server/snapshot_inspection.py)."""
+        self._check_running()
+        if not isinstance(ref, str) or not ref:
+            raise ValueError(f"inspect_snapshot() takes a snapshot's or a job's name, got "
+                             f"{ref!r}")
+        if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
+            raise ValueError(f"inspect_snapshot(): sample must be an int >= 0, got {sample!r}")
+        rec, definition = find_snapshot(self, ref)
+        return inspect_snapshot(self.snapshot_store, rec, definition, sample)
 
     def delete_snapshot(self, name: str) -> None:
         """Deletes a named snapshot; raises SnapshotNotFoundError if there is none."""

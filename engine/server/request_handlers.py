@@ -109,7 +109,8 @@ class RequestHandlers:
     #: what a member of a cluster that does not coordinate it hands to the coordinator, so
     #: that every member gives the same answers about the cluster's jobs
     FORWARDED = {"submit", "job_start", "get_job", "job_info", "jobs", "job_action", "job_join",
-                 "job_wait", "job_metrics", "snapshots", "delete_snapshot", "job_state"} \
+                 "job_wait", "job_metrics", "snapshots", "delete_snapshot", "job_state",
+                 "snapshot_inspect"} \
         | DashboardRequests.FORWARDED
 
     def __init__(self, member: "Member", member_info: Callable[[], dict],
@@ -137,6 +138,7 @@ class RequestHandlers:
             "snapshots": self.snapshots,
             "delete_snapshot": self.delete_snapshot,
             "write_snapshot": self.write_snapshot,
+            "snapshot_inspect": self.snapshot_inspect,
             "map": self.map_operation,
             "list": self.list_operation,
         }
@@ -260,6 +262,9 @@ class RequestHandlers:
             raise ValueError(
                 f"the member cannot load the submitted pipeline: {type(e).__name__}: {e}. "
                 "Modules the pipeline imports by name must be installed on the member") from e
+        if config.get("dry_run") and not light:  # the upgrade plan; nothing is submitted
+            plan = self.member.plan_upgrade(definition, JobConfig(**config))
+            return {"dry_run": True, "plan": plan.to_dict()}
         if light:
             c = self.member.add_light_job(definition, JobConfig(**config))
         else:
@@ -383,6 +388,11 @@ class RequestHandlers:
         exported = store.write_export(name, job_name, entries)
         log.info("snapshot '%s' written by %s (%d entries)", name, peer, len(entries))
         return record_dict(exported)  # type: ignore[return-value]
+
+    def snapshot_inspect(self, peer: str, ref: str, sample: int = 5) -> dict:
+        """What an exported snapshot, or a job's last committed one, holds
+        (engine/server/snapshot_inspection.py)."""
+        return self.member.inspect_snapshot(ref, sample)
 
     # --- maps and lists --------------------------------------------------------------------
 

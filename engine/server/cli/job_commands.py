@@ -8,7 +8,7 @@ import os
 
 from jetwake.engine.core.errors import SnapshotNotFoundError
 from jetwake.engine.server.cli.connection import connect
-from jetwake.engine.server.cli.errors import EXIT_OK, EXIT_USAGE, CliError
+from jetwake.engine.server.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError
 from jetwake.engine.server.cli.output import (
     format_size, format_time, job_json, print_json, table,
 )
@@ -42,9 +42,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
             else 10_000, initial_snapshot_name=args.from_snapshot,
             split_brain_protection=args.split_brain_protection,
             auto_scaling=not args.no_auto_scaling,
-            arguments={"args": job_args, "file": os.path.abspath(args.file)})
+            arguments={"args": job_args, "file": os.path.abspath(args.file)},
+            dry_run=args.dry_run, allow_state_drop=args.allow_state_drop)
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
+    if args.dry_run:
+        return upgrade_dry_run(args, pipeline, config)
     with connect(args) as client, \
             Progress(f"Submitting {os.path.basename(args.file)}") as progress:
         try:
@@ -69,6 +72,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
     else:
         print(f"Job '{job.name}' submitted: id {job.id}, {info['status']}")
     return EXIT_OK
+
+
+def upgrade_dry_run(args: argparse.Namespace, pipeline: object, config: object) -> int:
+    """``submit FILE --from-snapshot NAME --dry-run``: prints, stage by stage, the saved state
+    the job would take over, drop and start without; submits nothing. Exits 1 when the job
+    would be refused (it drops state without ``--allow-state-drop``)."""
+    with connect(args) as client:
+        try:
+            plan = client.submit_job(pipeline, config)  # type: ignore[arg-type]
+        except SnapshotNotFoundError:
+            raise CliError(f"no exported snapshot named '{args.from_snapshot}' to plan from "
+                           "(--from-snapshot); `jetwake list-snapshots` lists them") from None
+    if args.json:
+        print_json(plan.to_dict())  # type: ignore[attr-defined]
+    else:
+        print(plan.describe())  # type: ignore[attr-defined]
+    return EXIT_FAILED if plan.refused else EXIT_OK  # type: ignore[attr-defined]
 
 
 def cmd_list_jobs(args: argparse.Namespace) -> int:

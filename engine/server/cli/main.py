@@ -23,7 +23,7 @@ from jetwake.engine.server.cli.member_commands import cmd_cluster, cmd_member_st
 from jetwake.engine.server.cli.pipeline_files import PipelineFileError
 from jetwake.engine.server.cli.state_command import add_state_parser
 from jetwake.engine.server.cli.snapshot_commands import (
-    cmd_delete_snapshot, cmd_list_snapshots, cmd_save_snapshot,
+    add_snapshot_parser, cmd_delete_snapshot, cmd_list_snapshots, cmd_save_snapshot,
 )
 from jetwake.engine.server.client import AuthenticationError, MemberUnreachableError
 from jetwake.engine.server.protocol import version
@@ -171,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.description += (" FILE.py defines a module-level `pipeline` (a Pipeline) or a function "
                       "`pipeline(args)` that returns one; ARGS after `--` are passed to it.")
     p.usage = ("jetwake submit [-h] [--name NAME] [--guarantee G] [--snapshot-interval MS] "
-               "[--from-snapshot NAME] [--split-brain-protection] [--no-auto-scaling] "
+               "[--from-snapshot NAME [--dry-run] [--allow-state-drop]] "
+               "[--split-brain-protection] [--no-auto-scaling] "
                "[--light] [--json] [--no-wait] [--timeout SECONDS] FILE.py [-- ARGS...]")
     p.add_argument("file", metavar="FILE.py")
     p.add_argument("--name", "-n", help="job name (default: the job id)")
@@ -191,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="milliseconds between snapshots (default: 10000)")
     p.add_argument("--from-snapshot", "-s", metavar="NAME",
                    help="start from this exported snapshot")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --from-snapshot: print, stage by stage, which saved state the "
+                        "job would take over, drop and start without, and submit nothing "
+                        "(exit code 1 when the job would be refused)")
+    p.add_argument("--allow-state-drop", action="store_true",
+                   help="with --from-snapshot: start even when the new pipeline drops some "
+                        "of the snapshot's saved state (refused otherwise)")
     p.add_argument("--json", action="store_true", help="print the job as JSON")
     _wait_options(p, SUBMIT_TIMEOUT_S, "the job to start; its failure is reported as soon "
                   "as the member knows it")
@@ -240,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_backfill_parser(sub, _FMT, common)
     add_state_parser(add)
+    add_snapshot_parser(sub, _FMT, common)
     return parser
 
 
