@@ -38,6 +38,8 @@ from jetwake.engine.core.processor import BroadcastKey, Inbox, Outbox, Processor
 from jetwake.engine.core.serialization import register_type
 from jetwake.engine.operations.service_factory import ServiceFactory, ServiceError
 from jetwake.engine.core.traverser import Traverser
+from jetwake.engine.core.errors import StateDropRefusedError, StateMigrationError
+from jetwake.engine.jobs.upgrade_plan import UpgradePlan
 
 __version__ = "0.1.0"
 
@@ -55,4 +57,5 @@ __all__ = [
     "SparkRunner",
     "ServiceFactory", "ServiceError",
     "StateView", "StateQueryError", "StateUnavailableError",
+    "UpgradePlan", "StateDropRefusedError", "StateMigrationError",
 ]

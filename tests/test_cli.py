@@ -78,7 +78,8 @@ COMMANDS = ["member", "submit", "list-jobs", "status", "suspend", "resume", "res
 # --- help (in process) -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [[], *[[c] for c in COMMANDS], ["member", "start"]])
+@pytest.mark.parametrize("command", [[], *[[c] for c in COMMANDS], ["member", "start"],
+                                     ["snapshot"], ["snapshot", "inspect"]])
 def test_help_on_every_command_has_an_example(command, capsys):
     with pytest.raises(SystemExit) as e:
         main([*command, "--help"])
