@@ -431,8 +431,10 @@ def filter_items(items: Iterable[tuple[Any, Any]], prefix: Any = None,
 
 
 def _starts_with(key: Any, prefix: Any) -> bool:
-    if isinstance(key, (str, bytes)):
-        return type(prefix) is type(key) and key.startswith(prefix)
+    if isinstance(key, str):
+        return isinstance(prefix, str) and key.startswith(prefix)
+    if isinstance(key, bytes):
+        return isinstance(prefix, bytes) and key.startswith(prefix)
     if isinstance(key, tuple):
         lead = prefix if isinstance(prefix, tuple) else (prefix,)
         return key[:len(lead)] == lead
