@@ -86,7 +86,8 @@ def test_a_mismatched_message_is_never_worth_a_retry():
 
 def test_a_call_names_its_operation_and_carries_exactly_one_message():
     assert set(REQUESTS) == {"exec.init", "exec.start", "exec.snapshot", "exec.phase1",
-                             "exec.phase2", "exec.cancel", "exec.metrics", "exec.forget_job"}
+                             "exec.phase2", "exec.cancel", "exec.metrics", "exec.forget_job",
+                             "exec.read_state"}
     request = StartExecution(exec_key=KEY)
     assert decode_request("exec.start", [request.to_wire()]) == request
     with pytest.raises(MessageFormatError, match="unknown execution operation 'exec.pause'"):

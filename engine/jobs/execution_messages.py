@@ -212,11 +212,11 @@ class ForgetJob(ExecutionMessage):
 
 @dataclass(frozen=True)
 class StateEntries(ExecutionMessage):
-    """The entries the member's processors hold of a stage's state, each
-    ``[vertex, key, value]`` in the form they save it (engine/jobs/state_reading.py)."""
+    """The entries the member's processors hold of a stage's state, in the form they save
+    them: one serialized part per processor (``state_reading.entries_of`` reads it)."""
 
     OP: ClassVar[str] = "exec.read_state/reply"
-    entries: list
+    parts: list
 
 
 @dataclass(frozen=True)

@@ -307,8 +307,7 @@ class ExecutionParticipant:
         each read on its processor's own thread."""
         ex = self._get(msg.exec_key)
         tasklets = [] if ex.execution is None else list(ex.execution.tasklets)
-        found = read_local_state(tasklets, msg.vertices, msg.keys)
-        return StateEntries(entries=[[e.vertex, e.key, e.value] for e in found])
+        return StateEntries(parts=read_local_state(tasklets, msg.vertices, msg.keys))
 
     def forget_job(self, job_id: str) -> None:
         """The job ended for good: drops this member's copies of its snapshots."""

@@ -21,12 +21,13 @@ from jetwake.engine.core.partitioning import partition_of
 from jetwake.engine.jobs.execution_messages import ReadState, StateEntries
 from jetwake.engine.jobs.state_reading import (
     LIVE_READ_TIMEOUT_S, SavedEntry, StatefulStage, StateQueryError, StateUnavailableError,
-    decode_stage, filter_items, find_stage, key_type_problem, snapshot_entries,
+    decode_stage, entries_of, filter_items, read_local_state, find_stage, key_type_problem, snapshot_entries,
 )
 
 __all__ = ["StateView", "query_state", "CONSISTENCIES"]
 
 CONSISTENCIES = ("snapshot", "latest")
+_NOT_ASKED: Any = object()
 
 
 class StateView:
@@ -194,15 +195,21 @@ def _live_state(c: Any, st: StatefulStage, keys: list | None) -> dict:
         asks[execution.local if execution.local in members else members[0]] = keys
     else:
         asks = {m: keys for m in members}
+    entries: list[SavedEntry] = []
+    local = asks.pop(execution.local, _NOT_ASKED) if execution.local in asks else _NOT_ASKED
     futures = {m: execution.call(m, ReadState(exec_key=execution.exec_key,
                                               vertices=list(st.vertices), keys=ks),
                                  LIVE_READ_TIMEOUT_S)
                for m, ks in asks.items()}
-    replies = execution.gather(futures, LIVE_READ_TIMEOUT_S + 5, ReadState.OP)
-    entries: list[SavedEntry] = []
+    if local is not _NOT_ASKED:  # this member's own processors: asked from this thread
+        for part in read_local_state(execution.tasklets, st.vertices, local):
+            entries.extend(entries_of(part))
+    replies = execution.gather(futures, LIVE_READ_TIMEOUT_S + 5, ReadState.OP) if futures \
+        else {}
     for m, r in replies.items():
         if isinstance(r, StateEntries):
-            entries.extend(SavedEntry(v, k, val) for v, k, val in r.entries)
+            for part in r.parts:
+                entries.extend(entries_of(part))
             continue
         if isinstance(r, (StateQueryError,)):
             raise r
