@@ -79,6 +79,10 @@ class SnapshotDriver:
         self._lock = threading.Lock()  # one snapshot at a time
         self._guard = threading.Lock()  # the queue and the thread serving it
         self._requests: queue.Queue[tuple[bool, Future]] | None = None
+        # the execution whose terminal snapshot committed: it is about to stop (a suspend, a
+        # cancel-and-export), so no regular snapshot of it starts any more; one would find
+        # its processors stopped and hold the stop back until its phases time out
+        self._terminal_of: ExecutionDriver | None = None
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -122,7 +126,7 @@ class SnapshotDriver:
                 try:
                     terminal, done = requests.get(timeout=wait)
                 except queue.Empty:
-                    if time.monotonic() < next_regular:
+                    if time.monotonic() < next_regular or self._terminal_of is execution:
                         continue
                     if not self._regular(execution):
                         return
@@ -244,6 +248,8 @@ class SnapshotDriver:
             self.last_snapshot = rec
             self.count += 1
             self.last_error = None
+            if terminal:
+                self._terminal_of = execution
             if not phase2_ok and not execution.cancelled:
                 raise RestartableError(
                     f"snapshot {sid} of job '{name}' is committed but its phase 2 did not "
