@@ -115,6 +115,44 @@ def test_a_stage_whose_kind_changed_drops_its_state():
         assert (stage.saved_kind, stage.new_kind) == ("map-stateful", "rolling-aggregate")
 
 
+def test_a_stage_whose_state_no_longer_fits_drops_it():
+    with Member() as m:
+        export_v1(m)
+        p = Pipeline()  # the same stage, keyless now: one state for the whole stream
+        (p.read_from(counting_source(None)).map_stateful(lambda: [0], lambda s, x: x)
+          .set_name("totals").write_to(Sinks.noop()))
+        plan = m.plan_upgrade(p, JobConfig(initial_snapshot_name="v1"))
+        assert plan.dropped == ["totals"]
+        why = next(s.why for s in plan.stages if s.vertex == "totals")
+        assert why == "its state does not fit: it was keyed, it is keyless now"
+
+
+def test_a_window_of_another_size_drops_its_frames():
+    from jetwake import Sources, WindowDefinition
+    from jetwake.engine.jobs.upgrade_plan import plan_upgrade, vertex_kinds
+    from jetwake.snapshot.store.snapshot_store import CommitRecord
+
+    def windows(size):
+        p = Pipeline()
+        (p.read_from(Sources.map_journal("events")).with_timestamps(lambda kv: kv[1], 0)
+          .window(WindowDefinition.tumbling(size)).group_by(lambda kv: kv[0])
+          .aggregate(AggregateOperations.counting()).set_name("per-minute")
+          .write_to(Sinks.noop()))
+        return p.to_dag()
+
+    old = windows(60_000)
+    kinds, shapes = vertex_kinds(old)
+    # what a snapshot of the old job records: every vertex with saved entries
+    rec = CommitRecord("job", "old", 3, 0.0, 0.0, name="minutes", kinds=kinds, shapes=shapes,
+                       files={v.name: {"0": [2, 0, 10]} for v in old.vertices})
+    assert plan_upgrade(windows(60_000), rec).dropped == []
+    plan = plan_upgrade(windows(300_000), rec)
+    assert plan.dropped == ["per-minute", "per-minute-accumulate"]
+    why = next(s.why for s in plan.stages if s.vertex == "per-minute")
+    assert why == ("its state does not fit: it was keyed, sliding size=60000 slide=60000, "
+                   "it is keyed, sliding size=300000 slide=300000 now")
+
+
 def test_the_same_pipeline_takes_over_every_stage():
     with Member() as m:
         export_v1(m)

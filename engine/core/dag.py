@@ -38,6 +38,10 @@ class Vertex:
         #: for a vertex of the core API. Saved in each snapshot's commit record, so that a
         #: job started from a snapshot can tell whose state it takes over.
         self.kind: str | None = None
+        #: what the form of its saved state depends on besides its kind ("keyed", "keyless",
+        #: a window's definition); None when nothing: saved state fits a vertex of the same
+        #: kind only when their shapes are the same
+        self.shape: str | None = None
 
     def set_local_parallelism(self, n: int) -> "Vertex":
         if not isinstance(n, int) or isinstance(n, bool) or (n < 1 and n != -1):

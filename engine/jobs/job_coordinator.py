@@ -478,7 +478,8 @@ class JobCoordinator:
         """The writer that commits snapshot ``snapshot_id`` (SnapshotOwner)."""
         writer = SnapshotCommitWriter(self.store, self.job_id, self.name, snapshot_id,
                                       terminal, self.member.publish_commit_record)
-        writer.record.kinds = vertex_kinds(self.dag)  # whose state each vertex saved
+        # whose state each vertex saves, and its shape
+        writer.record.kinds, writer.record.shapes = vertex_kinds(self.dag)
         return writer
 
     def _remove_state_dirs(self) -> None:

@@ -1,11 +1,12 @@
 """What a job started from a snapshot does with the snapshot's saved state, stage by stage.
 
 A snapshot's state is matched to the new job's vertices by name (snapshot/protocol/restore.py).
-The commit record also keeps each vertex's kind of stage (:attr:`Vertex.kind`), so the plan
-can tell state a vertex of the new pipeline *takes over* (same name, same kind: a record
+The commit record also keeps each vertex's kind of stage (:attr:`Vertex.kind`) and the shape
+of its state (:attr:`Vertex.shape`: keyed or keyless, a window's definition), so the plan can
+tell state a vertex of the new pipeline *takes over* (same name, kind and shape: a record
 written before kinds were kept, or a vertex of the core API, matches by name alone) from
-state the new job *drops* (no vertex of that name, or one of another kind), and lists the
-stateful stages of the new pipeline that *start empty*.
+state the new job *drops* (no vertex of that name, one of another kind, or one whose state
+has another shape), and lists the stateful stages of the new pipeline that *start empty*.
 
 :func:`plan_upgrade` is the one rule: the dry run shows it (``JobConfig(dry_run=True)``,
 ``jetwake submit --dry-run``), the submission refuses a job that would drop state unless
@@ -34,14 +35,18 @@ _STATELESS_KINDS = {"map", "filter", "flat_map", "merge", "rebalance", "map-usin
                     "side-sink"}
 
 
-def vertex_kinds(dag: DAG) -> dict[str, str]:
-    """Vertex name -> kind of stage, for the vertices of ``dag`` that have one."""
-    out = {}
+def vertex_kinds(dag: DAG) -> tuple[dict[str, str], dict[str, str]]:
+    """Vertex name -> kind of stage, and vertex name -> shape of its state, for the vertices
+    of ``dag`` that have them (what a snapshot's commit record keeps)."""
+    kinds, shapes = {}, {}
     for v in dag.vertices:
         kind = getattr(v, "kind", None)  # a DAG pickled by an older version has none
+        shape = getattr(v, "shape", None)
         if kind:
-            out[v.name] = kind
-    return out
+            kinds[v.name] = kind
+        if shape:
+            shapes[v.name] = shape
+    return kinds, shapes
 
 
 @dataclass
@@ -155,6 +160,7 @@ class UpgradePlan:
 def plan_upgrade(dag: DAG, rec: CommitRecord, allow_state_drop: bool = False) -> UpgradePlan:
     """The plan of a job of ``dag`` started from the snapshot ``rec`` (see the module doc)."""
     new_kinds = {v.name: getattr(v, "kind", None) for v in dag.vertices}
+    new_shapes = {v.name: getattr(v, "shape", None) for v in dag.vertices}
     plan = UpgradePlan(rec.name or f"snapshot {rec.snapshot_id}", rec.job_name,
                        rec.snapshot_id, allow_state_drop=allow_state_drop)
     saved = set()
@@ -175,6 +181,12 @@ def plan_upgrade(dag: DAG, rec: CommitRecord, allow_state_drop: bool = False) ->
             plan.stages.append(StagePlan(vertex, DROPS, saved_kind, new_kind, entries, size,
                                          f"was a {saved_kind} stage, is a {new_kind} stage "
                                          "now"))
+            continue
+        saved_shape, new_shape = rec.shapes.get(vertex), new_shapes.get(vertex)
+        if saved_kind and saved_shape and new_shape and saved_shape != new_shape:
+            plan.stages.append(StagePlan(vertex, DROPS, saved_kind, new_kind, entries, size,
+                                         f"its state does not fit: it was {saved_shape}, it "
+                                         f"is {new_shape} now"))
             continue
         plan.stages.append(StagePlan(vertex, TAKES_OVER, saved_kind, new_kind, entries, size))
     for v in dag.vertices:

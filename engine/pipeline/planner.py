@@ -114,6 +114,7 @@ class Planner:
         v = self.dag.new_vertex(name, processor, parallelism)
         role = name[len(t.name) + 1:] if name.startswith(f"{t.name}-") else ""
         v.kind = f"{t.kind}/{role}" if role else t.kind
+        v.shape = t.state_shape() or None
         return v
 
     def resolved_parallelism(self, v: Vertex) -> int:

@@ -99,6 +99,14 @@ class Transform:
         of its upstream transforms, and records this stage's output."""
         raise NotImplementedError(f"{type(self).__qualname__}.add_to_dag")
 
+    def state_shape(self) -> str:
+        """What the form of this stage's saved state depends on besides its kind: "keyed" or
+        "keyless" for a stage that may be either; "" when nothing (a job started from a
+        snapshot takes over a vertex's state only when kind and shape are the same)."""
+        if not hasattr(self, "key_fn"):
+            return ""
+        return "keyed" if getattr(self, "key_fn") is not None else "keyless"
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 
@@ -584,6 +592,14 @@ class WindowAggregateTransform(Transform):
         wdef, ops = self.wdef, self.ops
         return not wdef.is_session and all(op.can_combine for op in ops) \
             and (not wdef.early_results_period or len(ops) > 1)
+
+    def state_shape(self) -> str:
+        """Keyed or keyless, and the window's definition: frames saved by windows of another
+        size or slide do not fit."""
+        w = self.wdef
+        window = (f"session gap={w.gap}" if w.is_session
+                  else f"sliding size={w.size} slide={w.slide}")
+        return f"{'keyed' if self.key_fns is not None else 'keyless'}, {window}"
 
     def add_to_spark(self, backfill: Translator) -> StageOut | None:
         return backfill.window_aggregate(self)

@@ -89,6 +89,9 @@ class CommitRecord:
     # DAG that has one: a job started from this snapshot takes over a vertex's state only
     # when its vertex of that name is of the same kind; empty in records written before
     kinds: dict[str, str] = field(default_factory=dict)
+    # vertex -> what its saved state's form depends on besides its kind (Vertex.shape:
+    # keyed or keyless, a window's definition), for the vertices that have one
+    shapes: dict[str, str] = field(default_factory=dict)
 
     def vertex_completed(self, vertex: str) -> bool:
         """Whether every processor of ``vertex`` had completed when this snapshot was taken."""
