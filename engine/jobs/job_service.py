@@ -83,11 +83,6 @@ class JobService:
             raise SnapshotNotFoundError(
                 f"no exported snapshot named '{name}' (JobConfig.initial_snapshot_name); "
                 "member.snapshots() lists them")
-        if saved is not None and not config.allow_state_drop:
-            dag = compile_definition(pipeline, self.default_parallelism(config))
-            plan = plan_upgrade(dag, saved)
-            if plan.drops_state:
-                raise plan.refusal(config.name or "(unnamed)")
         with self._lock:
             if config.name is not None:
                 existing = self._find_by_name(config.name)
@@ -96,6 +91,11 @@ class JobService:
                         f"a job named '{config.name}' already exists and is "
                         f"{existing.status.value}; choose another name or cancel that job")
             coordinator = JobCoordinator(member, new_job_id(), pipeline, config)
+            if saved is not None and not config.allow_state_drop:
+                # refused before it is registered: a job that would drop saved state
+                plan = plan_upgrade(coordinator.dag, saved)
+                if plan.drops_state:
+                    raise plan.refusal(coordinator.name)
             self._jobs[coordinator.job_id] = coordinator
         try:
             coordinator.save_definition()
