@@ -166,9 +166,9 @@ def test_each_member_refuses_the_fallback_before_restoring_any_state(tmp_path, m
     restored: list[str] = []
     real_restore = member_share.restore_state
 
-    def recording_restore(tasklets, reader, desc):
+    def recording_restore(tasklets, reader, desc, **kw):
         restored.append(desc)
-        real_restore(tasklets, reader, desc)
+        real_restore(tasklets, reader, desc, **kw)
     monkeypatch.setattr(member_share, "restore_state", recording_restore)
     config = JobConfig(name="to-list", processing_guarantee="exactly_once",
                        snapshot_interval_ms=3_600_000)
