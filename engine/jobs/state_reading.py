@@ -26,6 +26,7 @@ these functions.
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ __all__ = [
     "STATEFUL_KINDS", "StatefulStage", "SavedEntry", "StateQueryError", "StateUnavailableError",
     "stateful_stages", "find_stage", "snapshot_entries", "decode_stage", "live_entries",
     "key_type_problem", "filter_items", "value_bytes", "read_local_state", "LIVE_READ_TIMEOUT_S",
-    "live_entries_bytes", "entries_of",
+    "live_entries_bytes", "entries_of", "key_from_text", "stage_summaries", "json_ready",
 ]
 
 LIVE_READ_TIMEOUT_S = 10.0
@@ -471,3 +472,57 @@ def value_bytes(value: Any) -> int:
         return len(dumps(value))
     except Exception:  # noqa: BLE001 - a value the serializer refuses still has a place
         return 0
+
+
+def key_from_text(text: str) -> Any:
+    """A key typed by a user (``jetwake state``, the dashboard's lookup): its JSON value when
+    it parses as JSON, a JSON array taken as a tuple (the form of composite keys), so ``42``
+    is the int 42 and ``"42"`` the str "42"; anything else is the text as a str."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return _tuples(value)
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def stage_summaries(definition: Any, record: Any,
+                    decoded: Callable[[StatefulStage], dict] | None) -> list[dict]:
+    """Each stateful stage of a job with its kind, and in the committed snapshot ``record``
+    (None: none yet) its key count (``decoded(stage)``: the stage's decoded state) and the
+    bytes its vertices' entries take (RocksDB checkpoint files not counted)."""
+    stages = stateful_stages(definition) or {}
+    out = []
+    for st in stages.values():
+        row: dict[str, Any] = {"stage": st.name, "kind": st.kind,
+                               "description": st.description, "keys": None, "bytes": None,
+                               "snapshot_id": None}
+        if record is not None:
+            row["snapshot_id"] = record.snapshot_id
+            row["bytes"] = sum(f[2] for v in st.vertices
+                               for f in record.files.get(v, {}).values())
+            if decoded is not None:
+                try:
+                    row["keys"] = len(decoded(st))
+                except Exception:  # noqa: BLE001 - the snapshot went meanwhile: no count
+                    row["keys"] = None
+        out.append(row)
+    return out
+
+
+def json_ready(value: Any) -> Any:
+    """A key or value as JSON can show it: tuples as arrays, dict keys that are not str (a
+    window's ``(start, end)``) as their JSON text, anything else JSON lacks as its repr."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else json.dumps(json_ready(k)): json_ready(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)

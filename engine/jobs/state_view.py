@@ -21,10 +21,10 @@ from jetwake.engine.core.partitioning import partition_of
 from jetwake.engine.jobs.execution_messages import ReadState, StateEntries
 from jetwake.engine.jobs.state_reading import (
     LIVE_READ_TIMEOUT_S, SavedEntry, StatefulStage, StateQueryError, StateUnavailableError,
-    decode_stage, entries_of, filter_items, read_local_state, find_stage, key_type_problem, snapshot_entries,
+    decode_stage, entries_of, filter_items, read_local_state, stage_summaries, find_stage, key_type_problem, snapshot_entries,
 )
 
-__all__ = ["StateView", "query_state", "CONSISTENCIES"]
+__all__ = ["StateView", "query_state", "CONSISTENCIES", "state_summary"]
 
 CONSISTENCIES = ("snapshot", "latest")
 _NOT_ASKED: Any = object()
@@ -218,3 +218,12 @@ def _live_state(c: Any, st: StatefulStage, keys: list | None) -> dict:
             f"({r}); it may have left the cluster, and the job restarts without it: try "
             "again") from (r if isinstance(r, BaseException) else None)
     return decode_stage(st, entries)
+
+
+def state_summary(c: Any) -> list[dict]:
+    """The job's stateful stages with their key counts and bytes in its last committed
+    snapshot (the dashboard's job page); decoded as the snapshot reads are, once per
+    snapshot."""
+    rec = c.last_snapshot
+    return stage_summaries(c.definition, rec,
+                           (lambda st: _snapshot_state(c, st)[1]) if rec is not None else None)
