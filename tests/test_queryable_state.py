@@ -254,3 +254,15 @@ def test_a_table_join_reads_as_the_table(tmp_path, kafka_bootstrap, broadcast):
         job.take_snapshot()
         assert dict(job.state("prices").items()) == want
         job.cancel()
+
+
+def test_a_job_that_ended_says_its_state_is_gone(tmp_path):
+    p = Pipeline()
+    (p.read_from(Sources.items([("a", 1), ("b", 2)])).group_by(lambda kv: kv[0])
+        .rolling_aggregate(AggregateOperations.summing(lambda kv: kv[1])).set_name("totals")
+        .write_to(Sinks.list("out")))
+    with Member(local_parallelism=2, data_dir=str(tmp_path)) as m:
+        job = m.new_job(p, JobConfig(processing_guarantee="exactly_once"))
+        job.join(30)
+        with pytest.raises(StateQueryError, match="has ended \\(COMPLETED\\).*export a snapshot"):
+            job.state("totals").get("a")

@@ -18,6 +18,7 @@ from itertools import islice
 from typing import Any, Callable, Iterator
 
 from jetwake.engine.core.partitioning import partition_of
+from jetwake.snapshot.store.snapshot_store import SnapshotStoreError
 from jetwake.engine.jobs.execution_messages import ReadState, StateEntries
 from jetwake.engine.jobs.state_reading import (
     LIVE_READ_TIMEOUT_S, SavedEntry, StatefulStage, StateQueryError, StateUnavailableError,
@@ -94,6 +95,10 @@ def query_state(c: Any, stage: str, read: str, consistency: str = "snapshot",
         raise StateQueryError(f"consistency must be 'snapshot' or 'latest', got {consistency!r}")
     op = read
     st = find_stage(c.definition, c.name, stage)
+    if c.status.is_terminal:
+        raise StateQueryError(f"job {c.name!r} has ended ({c.status.value}): its state went "
+                              "with it (its snapshots are deleted when it ends); read the "
+                              "state of a running job, or export a snapshot before it ends")
     if op == "check":
         return {"entries": [], "count": 0, "snapshot_id": None}
     if limit is not None and (not isinstance(limit, int) or limit < 0):
@@ -160,9 +165,13 @@ def _snapshot_state(c: Any, st: StatefulStage) -> tuple[int, dict]:
     hit = cache.get(st.name)
     if hit is not None and hit[0] == (rec.job_id, rec.snapshot_id):
         return rec.snapshot_id, hit[1]
-    reader = c.store.reader(rec)
-    state = decode_stage(st, snapshot_entries(reader, [v for v in st.vertices
-                                                        if v in rec.files]))
+    try:
+        reader = c.store.reader(rec)
+        state = decode_stage(st, snapshot_entries(reader, [v for v in st.vertices
+                                                            if v in rec.files]))
+    except SnapshotStoreError as e:  # pruned or deleted meanwhile: a newer one is there
+        raise StateUnavailableError(f"snapshot {rec.snapshot_id} of job {c.name!r} cannot be "
+                                    f"read now ({e}); try again") from e
     cache[st.name] = ((rec.job_id, rec.snapshot_id), state)
     return rec.snapshot_id, state
 
