@@ -266,3 +266,46 @@ def test_a_job_that_ended_says_its_state_is_gone(tmp_path):
         job.join(30)
         with pytest.raises(StateQueryError, match="has ended \\(COMPLETED\\).*export a snapshot"):
             job.state("totals").get("a")
+
+
+def _sum_of_first(n: int, first: int, step: int) -> int:
+    """The sum of the first ``n`` values ``first, first + step, ...`` of one key."""
+    return n * first + step * n * (n - 1) // 2
+
+
+def test_every_snapshot_read_during_processing_is_one_consistent_cut(tmp_path):
+    """While events flow in rounds and snapshots commit every 50 ms, the two stages read from
+    one snapshot agree key by key: a key's total is the sum of exactly as many of its events
+    as its count says (event i of key k{i % 7} carries the value i)."""
+    keys, rounds, per_round = 7, 6, 400
+    with Member(local_parallelism=2, data_dir=str(tmp_path)) as m:
+        job = m.new_job(_totals_pipeline(), JobConfig(processing_guarantee="exactly_once",
+                                                      snapshot_interval_ms=50))
+        totals, counts = job.state("totals"), job.state("counts")
+        cuts: dict[int, int] = {}  # snapshot id -> events in it
+
+        def read_a_cut() -> int | None:
+            """The snapshot id of a consistent read of both stages; None when none is yet."""
+            try:
+                t, c = dict(totals.items()), dict(counts.items())
+            except StateQueryError:  # no snapshot yet
+                return None
+            if totals.snapshot_id != counts.snapshot_id:
+                return None  # a snapshot committed between the two reads
+            for k, state in c.items():
+                n = state["n"]
+                assert t[k] == _sum_of_first(n, int(k[1:]), keys), (k, n, t[k])
+            cuts[totals.snapshot_id] = sum(s["n"] for s in c.values())
+            return totals.snapshot_id
+
+        for r in range(rounds):
+            _put(m, [(f"k{i % keys}", i) for i in range(r * per_round, (r + 1) * per_round)],
+                 r * per_round)
+            last = max(cuts, default=-1)
+            wait_until(lambda: (sid := read_a_cut()) is not None and sid > last, timeout=30,
+                       what=f"a snapshot newer than {last} after round {r}")
+        total = rounds * per_round
+        wait_until(lambda: read_a_cut() is not None and cuts[max(cuts)] == total, timeout=30,
+                   what="a snapshot of every event")
+        assert len({n for n in cuts.values() if 0 < n < total}) >= 2, cuts  # mid-stream cuts
+        job.cancel()
