@@ -60,7 +60,7 @@ __all__ = [
     "STATEFUL_KINDS", "StatefulStage", "SavedEntry", "StateQueryError", "StateUnavailableError",
     "stateful_stages", "find_stage", "snapshot_entries", "decode_stage", "live_entries",
     "key_type_problem", "filter_items", "value_bytes", "read_local_state", "LIVE_READ_TIMEOUT_S",
-    "live_entries_bytes", "entries_of", "key_from_text", "stage_summaries", "json_ready",
+    "live_entries_bytes", "entries_of", "count_local_state", "live_count", "key_from_text", "stage_summaries", "json_ready",
 ]
 
 LIVE_READ_TIMEOUT_S = 10.0
@@ -283,6 +283,44 @@ def read_local_state(tasklets: Iterable[Any], vertices: Iterable[str], keys: lis
                                         f"{timeout:g} s (its execution may be ending); try "
                                         "again") from None
     return out
+
+
+def live_count(processor: Any, index: int = 0) -> int:
+    """How many keys a live processor of a stage whose keys each live on one processor holds
+    (``map_stateful``, ``rolling_aggregate``, ``join_table``, ``distinct``, a one-stage
+    ``aggregate``): a count without a copy. Call it on the processor's own thread."""
+    p = processor
+    if isinstance(p, MapStatefulProcessor):
+        return len(p.keyed.states)
+    if isinstance(p, RollingAggregateProcessor):
+        return len(p.accs)
+    if isinstance(p, TableJoinProcessor):
+        return 0 if p.broadcast and index != 0 else len(p.table)
+    if isinstance(p, DistinctProcessor):
+        return len(p.seen)
+    if isinstance(p, (AggregateProcessor, AccumulateProcessor, CombineProcessor)):
+        return len(p.table) if p.keyed else int(p.acc is not NO_ACC)
+    raise TypeError(f"{type(p).__name__} is counted from its decoded entries")
+
+
+def count_local_state(tasklets: Iterable[Any], vertices: Iterable[str],
+                      timeout: float = LIVE_READ_TIMEOUT_S) -> int:
+    """The keys this member's processors of ``vertices`` hold, summed (:func:`live_count`,
+    each on its processor's own thread)."""
+    wanted = set(vertices)
+    futures = [(t, t.on_processor_thread(
+        lambda p, i=t.context.global_processor_index: live_count(p, i)))
+        for t in tasklets if t.context.vertex_name in wanted]
+    n = 0
+    deadline = time.monotonic() + timeout
+    for t, f in futures:
+        try:
+            n += f.result(max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            raise StateUnavailableError(f"processor {t.name} did not serve a state read in "
+                                        f"{timeout:g} s (its execution may be ending); try "
+                                        "again") from None
+    return n
 
 
 def _member_of(keys: list[Any]) -> Callable[[Any], bool]:

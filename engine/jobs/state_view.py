@@ -22,7 +22,8 @@ from jetwake.snapshot.store.snapshot_store import SnapshotStoreError
 from jetwake.engine.jobs.execution_messages import ReadState, StateEntries
 from jetwake.engine.jobs.state_reading import (
     LIVE_READ_TIMEOUT_S, SavedEntry, StatefulStage, StateQueryError, StateUnavailableError,
-    decode_stage, entries_of, filter_items, read_local_state, stage_summaries, find_stage, key_type_problem, snapshot_entries,
+    count_local_state, decode_stage, entries_of, filter_items, read_local_state,
+    stage_summaries, find_stage, key_type_problem, snapshot_entries,
 )
 
 __all__ = ["StateView", "query_state", "CONSISTENCIES", "state_summary"]
@@ -103,6 +104,8 @@ def query_state(c: Any, stage: str, read: str, consistency: str = "snapshot",
         return {"entries": [], "count": 0, "snapshot_id": None}
     if limit is not None and (not isinstance(limit, int) or limit < 0):
         raise StateQueryError(f"limit must be None or an int >= 0, got {limit!r}")
+    if consistency == "latest" and op == "count" and _routed_by_key(st):
+        return {"entries": [], "count": _live_count(c, st), "snapshot_id": None}
     if consistency == "snapshot":
         sid, state = _snapshot_state(c, st)
     else:
@@ -183,14 +186,50 @@ def _routed_by_key(st: StatefulStage) -> bool:
         and not (st.kind == "aggregate" and len(st.vertices) > 1)
 
 
-def _live_state(c: Any, st: StatefulStage, keys: list | None) -> dict:
-    """``key -> value`` of the stage's live processors: of ``keys`` (each asked of the member
-    owning its partition), or all of it (every member asked)."""
+def _running(c: Any, st: StatefulStage) -> Any:
     execution = c.running_execution()
     if execution is None:
         raise StateUnavailableError(f"job {c.name!r} is {c.status.value.lower()}: no processor "
                                     f"holds stage {st.name!r}'s live state now; try again "
                                     "when it runs, or read with consistency='snapshot'")
+    return execution
+
+
+def _unavailable(c: Any, st: StatefulStage, member: str, reply: Any) -> StateUnavailableError:
+    error = StateUnavailableError(
+        f"stage {st.name!r} of job {c.name!r}: member {member} did not answer a state read "
+        f"({reply}); it may have left the cluster, and the job restarts without it: try again")
+    if isinstance(reply, BaseException):
+        error.__cause__ = reply
+    return error
+
+
+def _live_count(c: Any, st: StatefulStage) -> int:
+    """How many keys the stage's live processors hold, every member asked (no entry copied:
+    a stage whose keys each live on one processor)."""
+    execution = _running(c, st)
+    members = list(execution.members)
+    n = 0
+    others = [m for m in members if m != execution.local]
+    futures = {m: execution.call(m, ReadState(exec_key=execution.exec_key,
+                                              vertices=list(st.vertices), keys=None,
+                                              count_only=True), LIVE_READ_TIMEOUT_S)
+               for m in others}
+    if execution.local in members:
+        n += count_local_state(execution.tasklets, st.vertices)
+    replies = execution.gather(futures, LIVE_READ_TIMEOUT_S + 5, ReadState.OP) if futures \
+        else {}
+    for m, r in replies.items():
+        if not isinstance(r, StateEntries) or r.count is None:
+            raise _unavailable(c, st, m, r)
+        n += r.count
+    return n
+
+
+def _live_state(c: Any, st: StatefulStage, keys: list | None) -> dict:
+    """``key -> value`` of the stage's live processors: of ``keys`` (each asked of the member
+    owning its partition), or all of it (every member asked)."""
+    execution = _running(c, st)
     members = list(execution.members)
     asks: dict[str, list | None] = {}
     if keys is not None and _routed_by_key(st):
@@ -220,12 +259,7 @@ def _live_state(c: Any, st: StatefulStage, keys: list | None) -> dict:
             for part in r.parts:
                 entries.extend(entries_of(part))
             continue
-        if isinstance(r, (StateQueryError,)):
-            raise r
-        raise StateUnavailableError(
-            f"stage {st.name!r} of job {c.name!r}: member {m} did not answer a state read "
-            f"({r}); it may have left the cluster, and the job restarts without it: try "
-            "again") from (r if isinstance(r, BaseException) else None)
+        raise _unavailable(c, st, m, r)
     return decode_stage(st, entries)
 
 
