@@ -276,13 +276,24 @@ def read_local_state(tasklets: Iterable[Any], vertices: Iterable[str], keys: lis
     out: list[bytes] = []
     deadline = time.monotonic() + timeout
     for t, f in futures:
-        try:
-            out.append(f.result(max(0.0, deadline - time.monotonic())))
-        except FutureTimeout:
-            raise StateUnavailableError(f"processor {t.name} did not serve a state read in "
-                                        f"{timeout:g} s (its execution may be ending); try "
-                                        "again") from None
+        out.append(_served(t, f, deadline, timeout))
     return out
+
+
+def _served(tasklet: Any, future: Any, deadline: float, timeout: float) -> Any:
+    """A processor's answer to a live read; StateUnavailableError when it gave none in time,
+    or its state was released as its execution ended."""
+    try:
+        return future.result(max(0.0, deadline - time.monotonic()))
+    except FutureTimeout:
+        raise StateUnavailableError(f"processor {tasklet.name} did not serve a state read in "
+                                    f"{timeout:g} s (its execution may be ending); try "
+                                    "again") from None
+    except Exception as e:
+        if not tasklet.is_closed:
+            raise
+        raise StateUnavailableError(f"processor {tasklet.name} ended before the state read "
+                                    f"({type(e).__name__}: {e}); try again") from e
 
 
 def live_count(processor: Any, index: int = 0) -> int:
@@ -314,12 +325,7 @@ def count_local_state(tasklets: Iterable[Any], vertices: Iterable[str],
     n = 0
     deadline = time.monotonic() + timeout
     for t, f in futures:
-        try:
-            n += f.result(max(0.0, deadline - time.monotonic()))
-        except FutureTimeout:
-            raise StateUnavailableError(f"processor {t.name} did not serve a state read in "
-                                        f"{timeout:g} s (its execution may be ending); try "
-                                        "again") from None
+        n += _served(t, f, deadline, timeout)
     return n
 
 
