@@ -9,7 +9,8 @@ named "totals", into a no-op sink, and for S seconds each (3):
    owning it, on its own thread): reads/s, their median and 99th percentile latency, and the
    job's items/s meanwhile;
 3. a thread scanning all K keys live (``items()``): seconds per scan, and the job's items/s;
-4. after ``job.take_snapshot()``: the first snapshot read (the stage's K entries decoded) and
+4. a live ``count()`` (each processor counts its keys: nothing is copied);
+5. after ``job.take_snapshot()``: the first snapshot read (the stage's K entries decoded) and
    then one key's read from the decoded snapshot.
 """
 
@@ -100,6 +101,11 @@ def run(keys: int, seconds: float) -> None:
         figure(f"latest scan of {keys:,} keys", statistics.median(scans), "s",
                f"({len(scans)} scans)")
         line(f"job during {keys:,}-key scans", during, alone, "items", "job alone")
+
+        with timer() as t:
+            for _ in range(20):
+                live.count()
+        figure(f"latest count of {keys:,} keys", t[0] / 20 * 1e3, "ms", "(nothing copied)")
 
         job.take_snapshot()
         committed = job.state("totals")

@@ -321,3 +321,59 @@ def test_the_job_page_shows_the_join_state_of_a_join_of_two_streams(browser, mem
         screenshot(browser, tmp_path, "join-state")
     finally:
         member.cli("cancel", job["id"])
+
+
+STATE_JOB_PY = '''
+from jetwake import AggregateOperations, Pipeline, Sinks, TestSources
+
+pipeline = Pipeline()
+(pipeline.read_from(TestSources.item_stream(500, lambda ts, seq: (f"user-{seq % 5}", 1)))
+    .group_by(lambda kv: kv[0])
+    .rolling_aggregate(AggregateOperations.summing(lambda kv: kv[1])).set_name("visits")
+    .write_to(Sinks.noop()))
+'''
+
+
+def test_the_job_page_lists_the_stateful_stages_and_looks_a_key_up(browser, member, tmp_path):
+    import json
+    path = tmp_path / "state_job.py"
+    path.write_text(STATE_JOB_PY)
+    r = member.cli("submit", str(path), "--name", "visits", "--guarantee", "exactly_once",
+                   "--snapshot-interval", "200", "--json")
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    job = json.loads(r.stdout)
+    try:
+        browser.get(f"{member.base}/jobs/{job['id']}")
+
+        def cells() -> list[str] | None:
+            try:
+                found = browser.find_elements(By.CSS_SELECTOR,
+                                              '#state-stages tr[data-stage="visits"] td')
+                return [c.text for c in found] or None
+            except StaleElementReferenceException:
+                return None
+        # stage, kind, keys, bytes, snapshot: five keys once a snapshot has committed
+        row = wait_until(lambda: (c := cells()) and c[2] == "5" and c, timeout=30,
+                         interval=0.1, what="the visits stage with its 5 keys")
+        assert row[1] == "rolling_aggregate" and row[4].startswith("#")
+        field = browser.find_element(By.CSS_SELECTOR, "#state-key")
+        field.send_keys("user-3")
+        click(browser, "#state-lookup-button")
+
+        def result() -> str | None:
+            try:
+                return browser.find_element(By.CSS_SELECTOR, "#state-result").text
+            except (WebDriverException, StaleElementReferenceException):
+                return None
+        text = wait_until(lambda: (t := result()) and "user-3" in t and t, timeout=20,
+                          interval=0.1, what="the lookup's answer")
+        total = int(text.rsplit(":", 1)[1])
+        assert total > 0, text
+        click(browser, "#state-latest")
+        click(browser, "#state-lookup-button")
+        live = wait_until(lambda: (t := result()) and "live state" in t and t, timeout=20,
+                          interval=0.1, what="the live lookup's answer")
+        assert int(live.rsplit(":", 1)[1]) >= total
+        screenshot(browser, tmp_path, "state")
+    finally:
+        member.cli("cancel", job["id"])

@@ -98,7 +98,7 @@ def test_items_take_a_prefix_and_a_limit(tmp_path):
         job.cancel()
 
 
-def test_a_window_stage_shows_each_keys_open_windows(tmp_path):
+def test_a_tumbling_window_stage_shows_each_keys_open_windows(tmp_path):
     p = Pipeline()
     (p.read_from(Sources.map_journal("in")).map(lambda e: e[1])
         .with_timestamps(lambda kv: kv[1], allowed_lag=0)
@@ -111,9 +111,9 @@ def test_a_window_stage_shows_each_keys_open_windows(tmp_path):
                                      snapshot_interval_ms=3_600_000))
         _put(m, [("a", 10), ("a", 20), ("b", 150), ("a", 160)], 0)
         live = job.state("per-window", consistency="latest")
-        wait_until(lambda: live.get("b") is not None, timeout=20, what="b's window")
-        wait_until(lambda: live.get("a") == {(0, 100): 2, (100, 200): 1} or
-                   live.get("a") == {(100, 200): 1}, timeout=20, what="a's windows")
+        # the watermark (160, no lag) closed a's window [0, 100): [100, 200) stays open
+        wait_until(lambda: live.get("a") == {(100, 200): 1}, timeout=20, what="a's window")
+        assert live.get("b") == {(100, 200): 1}
         job.take_snapshot()
         assert job.state("per-window").get("b") == {(100, 200): 1}
         job.cancel()
@@ -188,3 +188,124 @@ def _committed_count(job) -> int | None:
         return job.state("totals").count()
     except StateQueryError:  # no snapshot committed yet
         return None
+
+
+def _windowed(wdef, op) -> Pipeline:
+    """Windows that stay open: the watermark stays 1000 behind the events."""
+    p = Pipeline()
+    (p.read_from(Sources.map_journal("in")).map(lambda e: e[1])
+        .with_timestamps(lambda kv: kv[1], allowed_lag=1000)
+        .group_by(lambda kv: kv[0])
+        .window(wdef).aggregate(op).set_name("w")
+        .write_to(Sinks.list("out")))
+    return p
+
+
+@pytest.mark.parametrize("wdef, op, expected", [
+    # sessions of a key: (first event, last event + gap) -> the count so far
+    (WindowDefinition.session(100), AggregateOperations.counting(),
+     {(10, 150): 2, (400, 500): 1}),
+    # sliding windows of an operation that cannot combine (one stage, a window per end)
+    (WindowDefinition.sliding(100, 50), AggregateOperations.to_list(),
+     {(-50, 50): [("a", 10)], (0, 100): [("a", 10), ("a", 50)], (50, 150): [("a", 50)],
+      (350, 450): [("a", 400)], (400, 500): [("a", 400)]}),
+    # sliding windows of an operation that combines: frames, then windows (two stages); the
+    # frames are still in the accumulating processors, none closed
+    (WindowDefinition.sliding(100, 50), AggregateOperations.counting(),
+     {(-50, 50): 1, (0, 100): 2, (50, 150): 1, (350, 450): 1, (400, 500): 1}),
+], ids=["session", "sliding-one-stage", "sliding-two-stages"])
+def test_window_stages_read_as_the_open_windows_of_a_key(tmp_path, wdef, op, expected):
+    with Member(local_parallelism=2, data_dir=str(tmp_path)) as m:
+        job = m.new_job(_windowed(wdef, op), JobConfig(processing_guarantee="exactly_once",
+                                                       snapshot_interval_ms=3_600_000))
+        _put(m, [("a", 10), ("a", 50), ("a", 400)], 0)
+        live = job.state("w", consistency="latest")
+        wait_until(lambda: live.get("a") == expected, timeout=20,
+                   what=f"a's open windows {expected}, got {live.get('a')}")
+        job.take_snapshot()
+        assert job.state("w").get("a") == expected
+        job.cancel()
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("broadcast", [False, True], ids=["partitioned", "broadcast"])
+def test_a_table_join_reads_as_the_table(tmp_path, kafka_bootstrap, broadcast):
+    from support.cluster_sums import new_topic
+    from confluent_kafka import Producer
+    topic = new_topic(kafka_bootstrap, 2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for k, v in [("apple", 3), ("pear", 5), ("apple", 4), ("plum", 1)]:
+        producer.produce(topic, key=k.encode(), value=json.dumps({"price": v}).encode())
+    producer.produce(topic, key=b"plum", value=None)  # a tombstone: plum leaves the table
+    producer.flush(30)
+    p = Pipeline()
+    table = p.read_from(Sources.kafka_table(topic, {"bootstrap.servers": kafka_bootstrap},
+                                            key_deserializer="str", value_deserializer="json"))
+    (p.read_from(Sources.map_journal("in")).map(lambda e: e[1])
+        .join_table(table, lambda x: x, broadcast=broadcast).set_name("prices")
+        .write_to(Sinks.list("out")))
+    with Member(local_parallelism=2, data_dir=str(tmp_path)) as m:
+        job = m.new_job(p, JobConfig(processing_guarantee="exactly_once",
+                                     snapshot_interval_ms=3_600_000))
+        live = job.state("prices", consistency="latest")
+        want = {"apple": {"price": 4}, "pear": {"price": 5}}
+        wait_until(lambda: dict(live.items()) == want, timeout=30, what="the table read")
+        assert live.get_all(["apple", "plum"]) == {"apple": {"price": 4}}
+        job.take_snapshot()
+        assert dict(job.state("prices").items()) == want
+        job.cancel()
+
+
+def test_a_job_that_ended_says_its_state_is_gone(tmp_path):
+    p = Pipeline()
+    (p.read_from(Sources.items([("a", 1), ("b", 2)])).group_by(lambda kv: kv[0])
+        .rolling_aggregate(AggregateOperations.summing(lambda kv: kv[1])).set_name("totals")
+        .write_to(Sinks.list("out")))
+    with Member(local_parallelism=2, data_dir=str(tmp_path)) as m:
+        job = m.new_job(p, JobConfig(processing_guarantee="exactly_once"))
+        job.join(30)
+        with pytest.raises(StateQueryError, match="has ended \\(COMPLETED\\).*export a snapshot"):
+            job.state("totals").get("a")
+
+
+def _sum_of_first(n: int, first: int, step: int) -> int:
+    """The sum of the first ``n`` values ``first, first + step, ...`` of one key."""
+    return n * first + step * n * (n - 1) // 2
+
+
+def test_every_snapshot_read_during_processing_is_one_consistent_cut(tmp_path):
+    """While events flow in rounds and snapshots commit every 50 ms, the two stages read from
+    one snapshot agree key by key: a key's total is the sum of exactly as many of its events
+    as its count says (event i of key k{i % 7} carries the value i)."""
+    keys, rounds, per_round = 7, 6, 400
+    with Member(local_parallelism=2, data_dir=str(tmp_path)) as m:
+        job = m.new_job(_totals_pipeline(), JobConfig(processing_guarantee="exactly_once",
+                                                      snapshot_interval_ms=50))
+        totals, counts = job.state("totals"), job.state("counts")
+        cuts: dict[int, int] = {}  # snapshot id -> events in it
+
+        def read_a_cut() -> int | None:
+            """The snapshot id of a consistent read of both stages; None when none is yet."""
+            try:
+                t, c = dict(totals.items()), dict(counts.items())
+            except StateQueryError:  # no snapshot yet
+                return None
+            if totals.snapshot_id != counts.snapshot_id:
+                return None  # a snapshot committed between the two reads
+            for k, state in c.items():
+                n = state["n"]
+                assert t[k] == _sum_of_first(n, int(k[1:]), keys), (k, n, t[k])
+            cuts[totals.snapshot_id] = sum(s["n"] for s in c.values())
+            return totals.snapshot_id
+
+        for r in range(rounds):
+            _put(m, [(f"k{i % keys}", i) for i in range(r * per_round, (r + 1) * per_round)],
+                 r * per_round)
+            last = max(cuts, default=-1)
+            wait_until(lambda: (sid := read_a_cut()) is not None and sid > last, timeout=30,
+                       what=f"a snapshot newer than {last} after round {r}")
+        total = rounds * per_round
+        wait_until(lambda: read_a_cut() is not None and cuts[max(cuts)] == total, timeout=30,
+                   what="a snapshot of every event")
+        assert len({n for n in cuts.values() if 0 < n < total}) >= 2, cuts  # mid-stream cuts
+        job.cancel()

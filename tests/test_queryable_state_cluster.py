@@ -73,6 +73,7 @@ def test_reads_on_a_cluster_are_routed_to_the_owner_and_survive_a_member_killed(
             live = client.job("totals-job").state("totals", consistency="latest")
             wait_until(lambda: _read(live, keys) == expected, timeout=60,
                        what="every key's live total through this member")
+            assert live.count() == len(expected)  # counted on each member, nothing copied
             committed = client.job("totals-job").state("totals")
             wait_until(lambda: _read(committed, keys) == expected, timeout=60,
                        what="every key's committed total through this member")

@@ -122,6 +122,8 @@ class ProcessorTasklet:
             _run_into(fn, self.processor, future)
             return future
         self.state_reads.append((fn, future))
+        if self._closed:  # closed meanwhile: nobody else serves it (a popleft is atomic)
+            self._serve_state_reads()
         return future
 
     def _serve_state_reads(self) -> None:
@@ -346,10 +348,9 @@ class ProcessorTasklet:
         return self.outbox.is_empty() and not any(s.has_pending for s in self.outbound)
 
     def close(self) -> None:
-        if self.state_reads:
-            self._serve_state_reads()
         if not self._closed:
             self._closed = True
+            self._serve_state_reads()
             try:
                 self.processor.close()
             finally:
@@ -367,6 +368,11 @@ class ProcessorTasklet:
     @property
     def state(self) -> ProcessorState:
         return ProcessorState(self._state)
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether the processor was closed (its state released)."""
+        return self._closed
 
     @property
     def is_done(self) -> bool:

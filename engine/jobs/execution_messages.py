@@ -217,18 +217,21 @@ class StateEntries(ExecutionMessage):
 
     OP: ClassVar[str] = "exec.read_state/reply"
     parts: list
+    count: int | None = None  # the keys held, when only a count was asked
 
 
 @dataclass(frozen=True)
 class ReadState(ExecutionMessage):
     """Ask for the live state the member's processors of ``vertices`` hold for ``keys`` (all
-    of it when None): ``job.state(stage, consistency="latest")``."""
+    of it when None), or with ``count_only`` how many keys they hold:
+    ``job.state(stage, consistency="latest")``."""
 
     OP: ClassVar[str] = "exec.read_state"
     REPLY: ClassVar[type[ExecutionMessage]] = StateEntries
     exec_key: str
     vertices: list
     keys: list | None
+    count_only: bool = False
 
 
 # --- member -> coordinator ---------------------------------------------------------------------

@@ -41,7 +41,7 @@ from jetwake.engine.jobs.execution_messages import (
     Phase2Result, ReadState, StartExecution, StartSnapshot, StateEntries,
 )
 from jetwake.engine.jobs.member_share import close_quietly, prepare_share
-from jetwake.engine.jobs.state_reading import read_local_state
+from jetwake.engine.jobs.state_reading import count_local_state, read_local_state
 from jetwake.engine.execution.execution_metrics import Counts
 from jetwake.engine.execution.execution_service import Execution
 from jetwake.engine.execution.plan import PlanContext
@@ -307,6 +307,8 @@ class ExecutionParticipant:
         each read on its processor's own thread."""
         ex = self._get(msg.exec_key)
         tasklets = [] if ex.execution is None else list(ex.execution.tasklets)
+        if msg.count_only:
+            return StateEntries(parts=[], count=count_local_state(tasklets, msg.vertices))
         return StateEntries(parts=read_local_state(tasklets, msg.vertices, msg.keys))
 
     def forget_job(self, job_id: str) -> None:

@@ -26,6 +26,7 @@ these functions.
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ __all__ = [
     "STATEFUL_KINDS", "StatefulStage", "SavedEntry", "StateQueryError", "StateUnavailableError",
     "stateful_stages", "find_stage", "snapshot_entries", "decode_stage", "live_entries",
     "key_type_problem", "filter_items", "value_bytes", "read_local_state", "LIVE_READ_TIMEOUT_S",
-    "live_entries_bytes", "entries_of",
+    "live_entries_bytes", "entries_of", "count_local_state", "live_count", "key_from_text", "stage_summaries", "json_ready",
 ]
 
 LIVE_READ_TIMEOUT_S = 10.0
@@ -275,13 +276,57 @@ def read_local_state(tasklets: Iterable[Any], vertices: Iterable[str], keys: lis
     out: list[bytes] = []
     deadline = time.monotonic() + timeout
     for t, f in futures:
-        try:
-            out.append(f.result(max(0.0, deadline - time.monotonic())))
-        except FutureTimeout:
-            raise StateUnavailableError(f"processor {t.name} did not serve a state read in "
-                                        f"{timeout:g} s (its execution may be ending); try "
-                                        "again") from None
+        out.append(_served(t, f, deadline, timeout))
     return out
+
+
+def _served(tasklet: Any, future: Any, deadline: float, timeout: float) -> Any:
+    """A processor's answer to a live read; StateUnavailableError when it gave none in time,
+    or its state was released as its execution ended."""
+    try:
+        return future.result(max(0.0, deadline - time.monotonic()))
+    except FutureTimeout:
+        raise StateUnavailableError(f"processor {tasklet.name} did not serve a state read in "
+                                    f"{timeout:g} s (its execution may be ending); try "
+                                    "again") from None
+    except Exception as e:
+        if not tasklet.is_closed:
+            raise
+        raise StateUnavailableError(f"processor {tasklet.name} ended before the state read "
+                                    f"({type(e).__name__}: {e}); try again") from e
+
+
+def live_count(processor: Any, index: int = 0) -> int:
+    """How many keys a live processor of a stage whose keys each live on one processor holds
+    (``map_stateful``, ``rolling_aggregate``, ``join_table``, ``distinct``, a one-stage
+    ``aggregate``): a count without a copy. Call it on the processor's own thread."""
+    p = processor
+    if isinstance(p, MapStatefulProcessor):
+        return len(p.keyed.states)
+    if isinstance(p, RollingAggregateProcessor):
+        return len(p.accs)
+    if isinstance(p, TableJoinProcessor):
+        return 0 if p.broadcast and index != 0 else len(p.table)
+    if isinstance(p, DistinctProcessor):
+        return len(p.seen)
+    if isinstance(p, (AggregateProcessor, AccumulateProcessor, CombineProcessor)):
+        return len(p.table) if p.keyed else int(p.acc is not NO_ACC)
+    raise TypeError(f"{type(p).__name__} is counted from its decoded entries")
+
+
+def count_local_state(tasklets: Iterable[Any], vertices: Iterable[str],
+                      timeout: float = LIVE_READ_TIMEOUT_S) -> int:
+    """The keys this member's processors of ``vertices`` hold, summed (:func:`live_count`,
+    each on its processor's own thread)."""
+    wanted = set(vertices)
+    futures = [(t, t.on_processor_thread(
+        lambda p, i=t.context.global_processor_index: live_count(p, i)))
+        for t in tasklets if t.context.vertex_name in wanted]
+    n = 0
+    deadline = time.monotonic() + timeout
+    for t, f in futures:
+        n += _served(t, f, deadline, timeout)
+    return n
 
 
 def _member_of(keys: list[Any]) -> Callable[[Any], bool]:
@@ -471,3 +516,57 @@ def value_bytes(value: Any) -> int:
         return len(dumps(value))
     except Exception:  # noqa: BLE001 - a value the serializer refuses still has a place
         return 0
+
+
+def key_from_text(text: str) -> Any:
+    """A key typed by a user (``jetwake state``, the dashboard's lookup): its JSON value when
+    it parses as JSON, a JSON array taken as a tuple (the form of composite keys), so ``42``
+    is the int 42 and ``"42"`` the str "42"; anything else is the text as a str."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return _tuples(value)
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def stage_summaries(definition: Any, record: Any,
+                    decoded: Callable[[StatefulStage], dict] | None) -> list[dict]:
+    """Each stateful stage of a job with its kind, and in the committed snapshot ``record``
+    (None: none yet) its key count (``decoded(stage)``: the stage's decoded state) and the
+    bytes its vertices' entries take (RocksDB checkpoint files not counted)."""
+    stages = stateful_stages(definition) or {}
+    out = []
+    for st in stages.values():
+        row: dict[str, Any] = {"stage": st.name, "kind": st.kind,
+                               "description": st.description, "keys": None, "bytes": None,
+                               "snapshot_id": None}
+        if record is not None:
+            row["snapshot_id"] = record.snapshot_id
+            row["bytes"] = sum(f[2] for v in st.vertices
+                               for f in record.files.get(v, {}).values())
+            if decoded is not None:
+                try:
+                    row["keys"] = len(decoded(st))
+                except Exception:  # noqa: BLE001 - the snapshot went meanwhile: no count
+                    row["keys"] = None
+        out.append(row)
+    return out
+
+
+def json_ready(value: Any) -> Any:
+    """A key or value as JSON can show it: tuples as arrays, dict keys that are not str (a
+    window's ``(start, end)``) as their JSON text, anything else JSON lacks as its repr."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else json.dumps(json_ready(k)): json_ready(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)

@@ -18,13 +18,15 @@ from itertools import islice
 from typing import Any, Callable, Iterator
 
 from jetwake.engine.core.partitioning import partition_of
+from jetwake.snapshot.store.snapshot_store import SnapshotStoreError
 from jetwake.engine.jobs.execution_messages import ReadState, StateEntries
 from jetwake.engine.jobs.state_reading import (
     LIVE_READ_TIMEOUT_S, SavedEntry, StatefulStage, StateQueryError, StateUnavailableError,
-    decode_stage, entries_of, filter_items, read_local_state, find_stage, key_type_problem, snapshot_entries,
+    count_local_state, decode_stage, entries_of, filter_items, read_local_state,
+    stage_summaries, find_stage, key_type_problem, snapshot_entries,
 )
 
-__all__ = ["StateView", "query_state", "CONSISTENCIES"]
+__all__ = ["StateView", "query_state", "CONSISTENCIES", "state_summary"]
 
 CONSISTENCIES = ("snapshot", "latest")
 _NOT_ASKED: Any = object()
@@ -94,10 +96,16 @@ def query_state(c: Any, stage: str, read: str, consistency: str = "snapshot",
         raise StateQueryError(f"consistency must be 'snapshot' or 'latest', got {consistency!r}")
     op = read
     st = find_stage(c.definition, c.name, stage)
+    if c.status.is_terminal:
+        raise StateQueryError(f"job {c.name!r} has ended ({c.status.value}): its state went "
+                              "with it (its snapshots are deleted when it ends); read the "
+                              "state of a running job, or export a snapshot before it ends")
     if op == "check":
         return {"entries": [], "count": 0, "snapshot_id": None}
     if limit is not None and (not isinstance(limit, int) or limit < 0):
         raise StateQueryError(f"limit must be None or an int >= 0, got {limit!r}")
+    if consistency == "latest" and op == "count" and _routed_by_key(st):
+        return {"entries": [], "count": _live_count(c, st), "snapshot_id": None}
     if consistency == "snapshot":
         sid, state = _snapshot_state(c, st)
     else:
@@ -160,9 +168,13 @@ def _snapshot_state(c: Any, st: StatefulStage) -> tuple[int, dict]:
     hit = cache.get(st.name)
     if hit is not None and hit[0] == (rec.job_id, rec.snapshot_id):
         return rec.snapshot_id, hit[1]
-    reader = c.store.reader(rec)
-    state = decode_stage(st, snapshot_entries(reader, [v for v in st.vertices
-                                                        if v in rec.files]))
+    try:
+        reader = c.store.reader(rec)
+        state = decode_stage(st, snapshot_entries(reader, [v for v in st.vertices
+                                                            if v in rec.files]))
+    except SnapshotStoreError as e:  # pruned or deleted meanwhile: a newer one is there
+        raise StateUnavailableError(f"snapshot {rec.snapshot_id} of job {c.name!r} cannot be "
+                                    f"read now ({e}); try again") from e
     cache[st.name] = ((rec.job_id, rec.snapshot_id), state)
     return rec.snapshot_id, state
 
@@ -174,14 +186,50 @@ def _routed_by_key(st: StatefulStage) -> bool:
         and not (st.kind == "aggregate" and len(st.vertices) > 1)
 
 
-def _live_state(c: Any, st: StatefulStage, keys: list | None) -> dict:
-    """``key -> value`` of the stage's live processors: of ``keys`` (each asked of the member
-    owning its partition), or all of it (every member asked)."""
+def _running(c: Any, st: StatefulStage) -> Any:
     execution = c.running_execution()
     if execution is None:
         raise StateUnavailableError(f"job {c.name!r} is {c.status.value.lower()}: no processor "
                                     f"holds stage {st.name!r}'s live state now; try again "
                                     "when it runs, or read with consistency='snapshot'")
+    return execution
+
+
+def _unavailable(c: Any, st: StatefulStage, member: str, reply: Any) -> StateUnavailableError:
+    error = StateUnavailableError(
+        f"stage {st.name!r} of job {c.name!r}: member {member} did not answer a state read "
+        f"({reply}); it may have left the cluster, and the job restarts without it: try again")
+    if isinstance(reply, BaseException):
+        error.__cause__ = reply
+    return error
+
+
+def _live_count(c: Any, st: StatefulStage) -> int:
+    """How many keys the stage's live processors hold, every member asked (no entry copied:
+    a stage whose keys each live on one processor)."""
+    execution = _running(c, st)
+    members = list(execution.members)
+    n = 0
+    others = [m for m in members if m != execution.local]
+    futures = {m: execution.call(m, ReadState(exec_key=execution.exec_key,
+                                              vertices=list(st.vertices), keys=None,
+                                              count_only=True), LIVE_READ_TIMEOUT_S)
+               for m in others}
+    if execution.local in members:
+        n += count_local_state(execution.tasklets, st.vertices)
+    replies = execution.gather(futures, LIVE_READ_TIMEOUT_S + 5, ReadState.OP) if futures \
+        else {}
+    for m, r in replies.items():
+        if not isinstance(r, StateEntries) or r.count is None:
+            raise _unavailable(c, st, m, r)
+        n += r.count
+    return n
+
+
+def _live_state(c: Any, st: StatefulStage, keys: list | None) -> dict:
+    """``key -> value`` of the stage's live processors: of ``keys`` (each asked of the member
+    owning its partition), or all of it (every member asked)."""
+    execution = _running(c, st)
     members = list(execution.members)
     asks: dict[str, list | None] = {}
     if keys is not None and _routed_by_key(st):
@@ -211,10 +259,14 @@ def _live_state(c: Any, st: StatefulStage, keys: list | None) -> dict:
             for part in r.parts:
                 entries.extend(entries_of(part))
             continue
-        if isinstance(r, (StateQueryError,)):
-            raise r
-        raise StateUnavailableError(
-            f"stage {st.name!r} of job {c.name!r}: member {m} did not answer a state read "
-            f"({r}); it may have left the cluster, and the job restarts without it: try "
-            "again") from (r if isinstance(r, BaseException) else None)
+        raise _unavailable(c, st, m, r)
     return decode_stage(st, entries)
+
+
+def state_summary(c: Any) -> list[dict]:
+    """The job's stateful stages with their key counts and bytes in its last committed
+    snapshot (the dashboard's job page); decoded as the snapshot reads are, once per
+    snapshot."""
+    rec = c.last_snapshot
+    return stage_summaries(c.definition, rec,
+                           (lambda st: _snapshot_state(c, st)[1]) if rec is not None else None)

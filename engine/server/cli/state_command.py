@@ -9,9 +9,9 @@ stage's keys are listed, ``--limit`` of them (default 100)."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from jetwake.engine.jobs.state_reading import json_ready, key_from_text
 from jetwake.engine.server.cli.connection import connect
 from jetwake.engine.server.cli.errors import EXIT_FAILED, EXIT_OK
 from jetwake.engine.server.cli.output import print_json, table
@@ -21,30 +21,7 @@ __all__ = ["cmd_state", "parse_key", "add_state_parser", "DEFAULT_LIMIT"]
 DEFAULT_LIMIT = 100
 
 
-def parse_key(text: str) -> Any:
-    """A key from the command line: its JSON value when it parses (arrays as tuples), else
-    the text as a str."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text
-    return _tuples(value)
-
-
-def _tuples(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    return value
-
-
-def _json_ready(value: Any) -> Any:
-    """A value as JSON shows it: dict keys that are not str (window bounds) as their str."""
-    if isinstance(value, dict):
-        return {k if isinstance(k, str) else json.dumps(_json_ready(k), default=str):
-                _json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
-    return value
+parse_key = key_from_text  # one rule for the command line and the dashboard
 
 
 def cmd_state(args: argparse.Namespace) -> int:
@@ -63,9 +40,9 @@ def cmd_state(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"job": args.job, "stage": args.stage, "consistency": consistency,
                     "snapshot_id": view.snapshot_id, "count": count,
-                    "entries": [{"key": _json_ready(k), "value": _json_ready(v)}
+                    "entries": [{"key": json_ready(k), "value": json_ready(v)}
                                 for k, v in entries],
-                    "missing": [_json_ready(k) for k in missing]})
+                    "missing": [json_ready(k) for k in missing]})
         return EXIT_OK if not missing else EXIT_FAILED
     where = "live state" if consistency == "latest" else f"snapshot {view.snapshot_id}"
     print(f"Stage {args.stage!r} of job {args.job!r}, {where}: "

@@ -17,6 +17,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from jetwake.engine.core.serialization import dumps, loads
+from jetwake.engine.jobs.state_reading import json_ready, key_from_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from jetwake.engine.server.member import Member
@@ -32,9 +33,12 @@ EXPORT_ACTION = "export-snapshot"
 # error type (as the service names it) -> HTTP status
 _STATUS = {"JobNotFoundError": 404, "SnapshotNotFoundError": 404, "KeyError": 404,
            "JobStateError": 409, "FallbackRefusedError": 409,
-           "ValueError": 400, "TypeError": 400, "PipelineError": 400}
+           "ValueError": 400, "TypeError": 400, "PipelineError": 400,
+           "StateQueryError": 400, "StateUnavailableError": 503}
 _SNAPSHOT_NAME = re.compile(r"^[\w][\w.-]{0,127}$")
 _USAGE_TIMEOUT_S = 3.0
+#: keys the job page's state lookup lists when no key is given
+STATE_LIST_LIMIT = 20
 
 
 class ApiError(Exception):
@@ -115,6 +119,21 @@ class DashboardApi:
 
     def job(self, job_id: str, peer: str) -> dict:
         return self.call("job_detail", {"id": job_id}, peer)
+
+    def job_state(self, job_id: str, stage: str, consistency: str, key_text: str | None,
+                  peer: str) -> dict:
+        """A stateful stage's value of one key (typed as ``jetwake state`` takes it: JSON when
+        it parses), or its first keys: the job page's state lookup."""
+        args: dict[str, Any] = {"id": job_id, "stage": stage, "consistency": consistency}
+        if key_text is None:
+            args.update(read="items", limit=STATE_LIST_LIMIT)
+        else:
+            args.update(read="get", keys=[key_from_text(key_text)])
+        r = self.call("job_state", args, peer)
+        return {"stage": stage, "consistency": consistency, "key": key_text,
+                "snapshot_id": r.get("snapshot_id"), "count": r.get("count"),
+                "entries": [{"key": json_ready(k), "value": json_ready(v),
+                             "text": f"{k!r}: {v!r}"} for k, v in r.get("entries", [])]}
 
     def job_exists(self, job_id: str, peer: str) -> bool:
         return self.call("get_job", {"ref": job_id}, peer) is not None

@@ -18,6 +18,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable
 
+from jetwake.engine.jobs.state_view import state_summary
 from jetwake.engine.core.serialization import dumps
 from jetwake.engine.execution.plan import resolve_parallelism
 from jetwake.engine.execution.execution_metrics import readable_counters
@@ -212,4 +213,6 @@ class DashboardRequests:
             "kafka_lag": kafka,
             "throughput": _job_rates(readings, merged["history"], _ends(c.dag)),
             "snapshots": c.snapshot_history.entries()[::-1],  # newest first
+            # the stateful stages, with their keys and bytes in the last committed snapshot
+            "state": state_summary(c),
         }

@@ -11,6 +11,8 @@ next to ``/metrics`` and ``/health``:
 ``GET /api/cluster``                     members, coordinator, quorum, process usage
 ``GET /api/jobs``                        every job, with rates and sparkline points
 ``GET /api/jobs/ID``                     one job: DAG with readings, Kafka lag, snapshots...
+``GET /api/jobs/ID/state/STAGE/C[/KEY]``  a stateful stage's value of KEY, or its first keys
+                                          (C: snapshot or latest; KEY as jetwake state takes it)
 ``GET /api/snapshots``                   exported snapshots
 ``POST /api/jobs/ID/ACTION``             suspend, resume, restart, cancel, export-snapshot
 ``DELETE /api/snapshots/NAME``           deletes an exported snapshot
@@ -235,6 +237,10 @@ class Dashboard:
             return self.api.jobs(peer)
         if len(parts) == 2 and parts[0] == "jobs":
             return self.api.job(parts[1], peer)
+        if len(parts) in (5, 6) and parts[0] == "jobs" and parts[2] == "state":
+            # /api/jobs/ID/state/STAGE/CONSISTENCY[/KEY]: a stage's value of KEY, or its keys
+            return self.api.job_state(parts[1], parts[3], parts[4],
+                                      parts[5] if len(parts) == 6 else None, peer)
         if parts == ["snapshots"]:
             return self.api.snapshots(peer)
         raise ApiError(404, f"no API call GET /api/{'/'.join(parts)}; the calls are "

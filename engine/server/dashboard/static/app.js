@@ -499,11 +499,73 @@ views.job = {
         h("tbody", {}, vrows)),
       services ? h("h2", {text: "Service calls"}) : null, services,
       joins ? h("h2", {text: "Tables and joins"}) : null, joins,
+      stateSection(j),
       h("h2", {text: "Kafka consumer lag"}), kafka,
       h("h2", {text: "Snapshots"}), snaps,
       h("h2", {text: "Configuration"}), config);
   },
 };
+
+// ---- the job's state (job.state) ----------------------------------------------------------
+
+// what the state lookup shows; kept across the page's refreshes
+const lookup = {job: null, stage: null, key: "", latest: false, result: null, error: null};
+
+function lookupText(r) {
+  const where = r.consistency === "latest" ? "live state" : "snapshot #" + r.snapshot_id;
+  if (r.key !== null && !r.entries.length) return `${r.key}: no state (${where})`;
+  const head = r.key === null ? `${r.count} keys (${where}), the first ${r.entries.length}:\n`
+                              : `(${where})\n`;
+  return head + r.entries.map((e) => e.text).join("\n");
+}
+
+async function lookUp(jobId) {
+  const path = "/api/jobs/" + encodeURIComponent(jobId) + "/state/" +
+    encodeURIComponent(lookup.stage) + "/" + (lookup.latest ? "latest" : "snapshot") +
+    (lookup.key !== "" ? "/" + encodeURIComponent(lookup.key) : "");
+  try {
+    lookup.result = lookupText(await api(path));
+    lookup.error = null;
+  } catch (e) {
+    lookup.result = null;
+    lookup.error = e.message;
+  }
+  if (document.activeElement) document.activeElement.blur();
+  refresh();
+}
+
+// the stateful stages with their keys and bytes in the last committed snapshot, and a form
+// that looks a key up (or lists the first keys) in the snapshot or in the live state
+function stateSection(j) {
+  if (!j.state || !j.state.length) return null;
+  if (lookup.job !== j.id) Object.assign(lookup, {job: j.id, stage: null, key: "",
+                                                  result: null, error: null});
+  if (!j.state.some((s) => s.stage === lookup.stage)) lookup.stage = j.state[0].stage;
+  const stages = h("table", {id: "state-stages", class: "grid"},
+    h("thead", {}, h("tr", {}, ["Stage", "Kind", "Keys", "Bytes", "Snapshot"]
+      .map((t) => h("th", {text: t})))),
+    h("tbody", {}, j.state.map((s) => h("tr", {"data-stage": s.stage},
+      h("td", {}, s.stage), h("td", {}, s.description),
+      h("td", {class: "num"}, fmtCount(s.keys)),
+      h("td", {class: "num"}, s.bytes === null ? "–" : fmtBytes(s.bytes)),
+      h("td", {class: "num"}, s.snapshot_id === null ? "none yet" : "#" + s.snapshot_id)))));
+  const form = h("form", {id: "state-lookup", class: "lookup", onsubmit: (e) => {
+      e.preventDefault(); lookUp(j.id); }},
+    h("select", {id: "state-stage", onchange: (e) => { lookup.stage = e.target.value; }},
+      j.state.map((s) => h("option", {value: s.stage, selected: s.stage === lookup.stage},
+                           s.stage))),
+    h("input", {id: "state-key", type: "text", value: lookup.key, size: 28,
+                placeholder: 'key: 42, "42", ["eu", 1]; empty: list keys',
+                oninput: (e) => { lookup.key = e.target.value; }}),
+    h("label", {}, h("input", {id: "state-latest", type: "checkbox", checked: lookup.latest,
+                               onchange: (e) => { lookup.latest = e.target.checked; }}),
+      " live"),
+    h("button", {type: "submit", id: "state-lookup-button"}, "Look up"));
+  const result = lookup.error !== null ? h("p", {id: "state-result", class: "error"},
+                                            lookup.error)
+    : lookup.result !== null ? h("pre", {id: "state-result"}, lookup.result) : null;
+  return h("section", {id: "state"}, h("h2", {text: "State"}), stages, form, result);
+}
 
 // ---- the page -----------------------------------------------------------------------------
 
@@ -524,6 +586,8 @@ async function refresh() {
   if (busy || !current) return;
   // a dialog is open: the view stays as the user sees it until it closes
   if (document.querySelector("dialog[open]")) return;
+  // the user is typing in the state lookup: the page waits until the field loses focus
+  if (document.activeElement && document.activeElement.closest("#state-lookup")) return;
   busy = true;
   try {
     const data = await current.view.load(current.arg);
