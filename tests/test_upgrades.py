@@ -185,6 +185,11 @@ def test_a_job_that_would_drop_state_is_refused_then_starts_with_allow_state_dro
 def test_migrate_converts_every_saved_state_of_map_stateful(tmp_path, backend):
     with Member(tmp_path) as m:
         position, saved = export_v1(m, backend=backend)
+        # what the upgrade starts from, as inspection shows it (RocksDB: read out of its files)
+        totals = next(s for s in m.inspect_snapshot("v1")["stages"] if s["vertex"] == "totals")
+        assert totals["keys"] == KEYS
+        assert dict(totals["sample"]) == {k: [saved[k]] for k in range(KEYS)}
+        assert ("checkpoint_files" in totals) == (backend == "rocksdb")
         job = m.new_job(v2(position + MORE, from_list),
                         config(initial_snapshot_name="v1", state_backend=backend))
         job.join(60)

@@ -7,7 +7,8 @@ with the readers of queryable state (engine/jobs/state_reading.py) when the stag
 known; each source's saved position per partition (a Kafka source's offsets and the highest
 event time seen in each partition, a map journal's sequence) and the watermarks that stages
 saved (windows, ``map_stateful``, joins of two streams; None before the first one). Every entry is decoded with the
-codec its processor saves it with; RocksDB checkpoint files are read out.
+codec its processor saves it with; RocksDB checkpoint files are read out (a stage saved
+that way also shows its ``checkpoint_files`` and their ``checkpoint_bytes``).
 
 It lives with the server: it reads entries of connectors (the Kafka source's offsets) and of
 processors, which lie below it.
@@ -15,6 +16,7 @@ processors, which lie below it.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timezone
 from typing import Any
 
@@ -31,6 +33,7 @@ from jetwake.engine.jobs.state_reading import (
 from jetwake.engine.processors.map_stateful import MapStatefulEntries
 from jetwake.engine.processors.stream_join import JoinWatermark
 from jetwake.engine.processors.window_entries import WindowEntries
+from jetwake.snapshot.store.snapshot_files import SnapshotFiles
 
 __all__ = ["inspect_snapshot", "find_snapshot", "SAMPLE_KEYS"]
 
@@ -101,6 +104,9 @@ def inspect_snapshot(store: Any, rec: Any, definition: Any = None,
             "keys": 0, "sample_keys": [], "sample": None, "watermarks": [],
             "completed": rec.vertex_completed(vertex),
         }
+        files = _saved_files(reader, vertex)
+        if files:  # RocksDB checkpoints: their files hold the state, the entries name them
+            info["checkpoint_files"], info["checkpoint_bytes"] = files
         positions: list[dict[str, Any]] = []
         seen: set[int] = set()
         kept: list[SavedEntry] = []  # the entries a decoder needs for the sample keys
@@ -128,6 +134,18 @@ def inspect_snapshot(store: Any, rec: Any, definition: Any = None,
         if positions:
             out["sources"].append({"vertex": vertex, "kind": kind, "partitions": positions})
     return out
+
+
+def _saved_files(reader: Any, vertex: str) -> tuple[int, int] | None:
+    """``(files, bytes)`` of the RocksDB checkpoints ``vertex`` saved as files; None when it
+    saved none."""
+    count = size = 0
+    for _keys, values in reader.chunks(vertex):
+        for v in values:
+            if type(v) is SnapshotFiles:
+                count += len(v.files)
+                size += sum(os.path.getsize(v.path(f)) for f in v.files)
+    return (count, size) if count else None
 
 
 def _stage_of(vertex: str, kind: str | None, stages: dict[str, StatefulStage] | None
