@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from jetwake.engine.server.cli.connection import connect
@@ -66,7 +67,7 @@ def add_snapshot_parser(sub: Any, fmt: Any, common: argparse.ArgumentParser) -> 
                         description="Look into snapshots.", formatter_class=fmt,
                         epilog="example:\n  jetwake snapshot inspect before-upgrade --json")
     ssub = sp.add_subparsers(dest="snapshot_command", metavar="SUBCOMMAND")
-    sp.set_defaults(func=lambda a: (sp.print_help(), EXIT_USAGE)[1])
+    sp.set_defaults(func=lambda a: (sp.print_help(sys.stderr), EXIT_USAGE)[1])
     p = ssub.add_parser(
         "inspect", parents=[common], formatter_class=fmt,
         help="what a snapshot holds: its stages, keys, sources' offsets, watermarks",
