@@ -102,6 +102,16 @@ def test_a_dry_run_lists_the_state_taken_over_dropped_and_started_empty():
         assert m.jobs()[-1].name == "totals-v1"  # nothing was submitted
 
 
+def test_a_removed_stage_drops_its_state():
+    with Member() as m:
+        export_v1(m)
+        p = Pipeline()
+        p.read_from(counting_source(None)).map(lambda x: (x, x)).write_to(Sinks.map("raw"))
+        plan = m.new_job(p, JobConfig(initial_snapshot_name="v1", dry_run=True))
+        assert (plan.taken_over, plan.dropped, plan.started_empty) == (["numbers"], ["totals"],
+                                                                       [])
+
+
 def test_a_stage_whose_kind_changed_drops_its_state():
     with Member() as m:
         export_v1(m)
