@@ -152,6 +152,10 @@ def _snapshot_state(c: Any, st: StatefulStage) -> tuple[int, dict]:
     """``(snapshot id, key -> value)`` of the stage in the job's last committed snapshot,
     decoded once per snapshot."""
     rec = c.last_snapshot or c.store.latest(c.job_id)
+    if rec is None and c.config.initial_snapshot_name:
+        # the state the job started from (a backfill's hand-off, an export) until it commits
+        # a snapshot of its own
+        rec = c.store.get_export(c.config.initial_snapshot_name)
     if rec is None:
         if c.config.processing_guarantee == "none":
             raise StateQueryError(
@@ -165,8 +169,9 @@ def _snapshot_state(c: Any, st: StatefulStage) -> tuple[int, dict]:
             f"{c.config.snapshot_interval_ms} ms, JobConfig(snapshot_interval_ms=...)), take "
             "one with job.take_snapshot(), or read with consistency='latest'")
     cache = c.__dict__.setdefault("_state_reads", {})
+    ident = (rec.job_id, rec.snapshot_id, rec.name)
     hit = cache.get(st.name)
-    if hit is not None and hit[0] == (rec.job_id, rec.snapshot_id):
+    if hit is not None and hit[0] == ident:
         return rec.snapshot_id, hit[1]
     try:
         reader = c.store.reader(rec)
@@ -175,7 +180,7 @@ def _snapshot_state(c: Any, st: StatefulStage) -> tuple[int, dict]:
     except SnapshotStoreError as e:  # pruned or deleted meanwhile: a newer one is there
         raise StateUnavailableError(f"snapshot {rec.snapshot_id} of job {c.name!r} cannot be "
                                     f"read now ({e}); try again") from e
-    cache[st.name] = ((rec.job_id, rec.snapshot_id), state)
+    cache[st.name] = (ident, state)
     return rec.snapshot_id, state
 
 
