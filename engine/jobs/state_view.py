@@ -30,6 +30,7 @@ __all__ = ["StateView", "query_state", "CONSISTENCIES", "state_summary"]
 
 CONSISTENCIES = ("snapshot", "latest")
 _NOT_ASKED: Any = object()
+_READS = ("check", "get", "items", "count")
 
 
 class StateView:
@@ -94,23 +95,24 @@ def query_state(c: Any, stage: str, read: str, consistency: str = "snapshot",
     [[key, value], ...], "count": n, "snapshot_id": id or None}``."""
     if consistency not in CONSISTENCIES:
         raise StateQueryError(f"consistency must be 'snapshot' or 'latest', got {consistency!r}")
-    op = read
+    if read not in _READS:
+        raise StateQueryError(f"unknown state read {read!r}: get, items or count")
     st = find_stage(c.definition, c.name, stage)
     if c.status.is_terminal:
         raise StateQueryError(f"job {c.name!r} has ended ({c.status.value}): its state went "
                               "with it (its snapshots are deleted when it ends); read the "
                               "state of a running job, or export a snapshot before it ends")
-    if op == "check":
+    if read == "check":
         return {"entries": [], "count": 0, "snapshot_id": None}
     if limit is not None and (not isinstance(limit, int) or limit < 0):
         raise StateQueryError(f"limit must be None or an int >= 0, got {limit!r}")
-    if consistency == "latest" and op == "count" and _routed_by_key(st):
+    if consistency == "latest" and read == "count" and _routed_by_key(st):
         return {"entries": [], "count": _live_count(c, st), "snapshot_id": None}
     if consistency == "snapshot":
         sid, state = _snapshot_state(c, st)
     else:
-        sid, state = None, _live_state(c, st, keys if op == "get" else None)
-    if op == "get":
+        sid, state = None, _live_state(c, st, keys if read == "get" else None)
+    if read == "get":
         found = []
         for k in keys or ():
             try:
@@ -121,12 +123,10 @@ def query_state(c: Any, stage: str, read: str, consistency: str = "snapshot",
                 pass
             _check_key_type(c, st, k, state)
         return {"entries": found, "count": len(found), "snapshot_id": sid}
-    if op == "count":
+    if read == "count":
         return {"entries": [], "count": len(state), "snapshot_id": sid}
-    if op == "items":
-        return {"entries": [[k, v] for k, v in filter_items(_sorted(state), prefix, limit)],
-                "count": len(state), "snapshot_id": sid}
-    raise StateQueryError(f"unknown state read {op!r}: get, items or count")
+    return {"entries": [[k, v] for k, v in filter_items(_sorted(state), prefix, limit)],
+            "count": len(state), "snapshot_id": sid}
 
 
 def _sorted(state: dict) -> list[tuple[Any, Any]]:
