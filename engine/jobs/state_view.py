@@ -14,6 +14,7 @@ process for a :class:`~jetwake.engine.jobs.job.Job` and through the member's ser
 
 from __future__ import annotations
 
+import time
 from itertools import islice
 from typing import Any, Callable, Iterator
 
@@ -268,10 +269,25 @@ def _live_state(c: Any, st: StatefulStage, keys: list | None) -> dict:
     return decode_stage(st, entries)
 
 
+SUMMARY_REFRESH_S = 10.0
+"""How often the dashboard's key counts decode a newer snapshot: a page that refreshes every
+second must not decode a large state every second."""
+
+
 def state_summary(c: Any) -> list[dict]:
     """The job's stateful stages with their key counts and bytes in its last committed
-    snapshot (the dashboard's job page); decoded as the snapshot reads are, once per
-    snapshot."""
+    snapshot (the dashboard's job page). A key count decodes the stage's entries as snapshot
+    reads do, at most every :data:`SUMMARY_REFRESH_S` seconds: between, a row keeps the count
+    (and snapshot id) it had."""
     rec = c.last_snapshot
-    return stage_summaries(c.definition, rec,
-                           (lambda st: _snapshot_state(c, st)[1]) if rec is not None else None)
+    counts = c.__dict__.setdefault("_state_counts", {})  # stage -> (snapshot id, keys, time)
+    now = time.monotonic()
+
+    def keys(st: StatefulStage) -> tuple[int, int]:
+        had = counts.get(st.name)
+        if had is not None and (had[0] == rec.snapshot_id or now - had[2] < SUMMARY_REFRESH_S):
+            return had[0], had[1]
+        sid, state = _snapshot_state(c, st)
+        counts[st.name] = (sid, len(state), now)
+        return sid, len(state)
+    return stage_summaries(c.definition, rec, keys if rec is not None else None)
