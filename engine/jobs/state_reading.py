@@ -536,10 +536,11 @@ def _tuples(value: Any) -> Any:
 
 
 def stage_summaries(definition: Any, record: Any,
-                    decoded: Callable[[StatefulStage], dict] | None) -> list[dict]:
-    """Each stateful stage of a job with its kind, and in the committed snapshot ``record``
-    (None: none yet) its key count (``decoded(stage)``: the stage's decoded state) and the
-    bytes its vertices' entries take (RocksDB checkpoint files not counted)."""
+                    keys: Callable[[StatefulStage], tuple[int, int]] | None) -> list[dict]:
+    """Each stateful stage of a job with its kind and, in the committed snapshot ``record``
+    (None: none yet), the bytes its vertices' entries take (RocksDB checkpoint files not
+    counted) and its key count: ``keys(stage)`` gives ``(snapshot id, key count)``, the id of
+    the snapshot that was counted."""
     stages = stateful_stages(definition) or {}
     out = []
     for st in stages.values():
@@ -550,9 +551,9 @@ def stage_summaries(definition: Any, record: Any,
             row["snapshot_id"] = record.snapshot_id
             row["bytes"] = sum(f[2] for v in st.vertices
                                for f in record.files.get(v, {}).values())
-            if decoded is not None:
+            if keys is not None:
                 try:
-                    row["keys"] = len(decoded(st))
+                    row["keys_snapshot_id"], row["keys"] = keys(st)
                 except Exception:  # noqa: BLE001 - the snapshot went meanwhile: no count
                     row["keys"] = None
         out.append(row)

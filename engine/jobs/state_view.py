@@ -14,6 +14,7 @@ process for a :class:`~jetwake.engine.jobs.job.Job` and through the member's ser
 
 from __future__ import annotations
 
+import time
 from itertools import islice
 from typing import Any, Callable, Iterator
 
@@ -30,6 +31,7 @@ __all__ = ["StateView", "query_state", "CONSISTENCIES", "state_summary"]
 
 CONSISTENCIES = ("snapshot", "latest")
 _NOT_ASKED: Any = object()
+_READS = ("check", "get", "items", "count")
 
 
 class StateView:
@@ -94,23 +96,24 @@ def query_state(c: Any, stage: str, read: str, consistency: str = "snapshot",
     [[key, value], ...], "count": n, "snapshot_id": id or None}``."""
     if consistency not in CONSISTENCIES:
         raise StateQueryError(f"consistency must be 'snapshot' or 'latest', got {consistency!r}")
-    op = read
+    if read not in _READS:
+        raise StateQueryError(f"unknown state read {read!r}: get, items or count")
     st = find_stage(c.definition, c.name, stage)
     if c.status.is_terminal:
         raise StateQueryError(f"job {c.name!r} has ended ({c.status.value}): its state went "
                               "with it (its snapshots are deleted when it ends); read the "
                               "state of a running job, or export a snapshot before it ends")
-    if op == "check":
+    if read == "check":
         return {"entries": [], "count": 0, "snapshot_id": None}
     if limit is not None and (not isinstance(limit, int) or limit < 0):
         raise StateQueryError(f"limit must be None or an int >= 0, got {limit!r}")
-    if consistency == "latest" and op == "count" and _routed_by_key(st):
+    if consistency == "latest" and read == "count" and _routed_by_key(st):
         return {"entries": [], "count": _live_count(c, st), "snapshot_id": None}
     if consistency == "snapshot":
         sid, state = _snapshot_state(c, st)
     else:
-        sid, state = None, _live_state(c, st, keys if op == "get" else None)
-    if op == "get":
+        sid, state = None, _live_state(c, st, keys if read == "get" else None)
+    if read == "get":
         found = []
         for k in keys or ():
             try:
@@ -121,12 +124,10 @@ def query_state(c: Any, stage: str, read: str, consistency: str = "snapshot",
                 pass
             _check_key_type(c, st, k, state)
         return {"entries": found, "count": len(found), "snapshot_id": sid}
-    if op == "count":
+    if read == "count":
         return {"entries": [], "count": len(state), "snapshot_id": sid}
-    if op == "items":
-        return {"entries": [[k, v] for k, v in filter_items(_sorted(state), prefix, limit)],
-                "count": len(state), "snapshot_id": sid}
-    raise StateQueryError(f"unknown state read {op!r}: get, items or count")
+    return {"entries": [[k, v] for k, v in filter_items(_sorted(state), prefix, limit)],
+            "count": len(state), "snapshot_id": sid}
 
 
 def _sorted(state: dict) -> list[tuple[Any, Any]]:
@@ -152,6 +153,10 @@ def _snapshot_state(c: Any, st: StatefulStage) -> tuple[int, dict]:
     """``(snapshot id, key -> value)`` of the stage in the job's last committed snapshot,
     decoded once per snapshot."""
     rec = c.last_snapshot or c.store.latest(c.job_id)
+    if rec is None and c.config.initial_snapshot_name:
+        # the state the job started from (a backfill's hand-off, an export) until it commits
+        # a snapshot of its own
+        rec = c.store.get_export(c.config.initial_snapshot_name)
     if rec is None:
         if c.config.processing_guarantee == "none":
             raise StateQueryError(
@@ -165,8 +170,9 @@ def _snapshot_state(c: Any, st: StatefulStage) -> tuple[int, dict]:
             f"{c.config.snapshot_interval_ms} ms, JobConfig(snapshot_interval_ms=...)), take "
             "one with job.take_snapshot(), or read with consistency='latest'")
     cache = c.__dict__.setdefault("_state_reads", {})
+    ident = (rec.job_id, rec.snapshot_id, rec.name)
     hit = cache.get(st.name)
-    if hit is not None and hit[0] == (rec.job_id, rec.snapshot_id):
+    if hit is not None and hit[0] == ident:
         return rec.snapshot_id, hit[1]
     try:
         reader = c.store.reader(rec)
@@ -175,7 +181,7 @@ def _snapshot_state(c: Any, st: StatefulStage) -> tuple[int, dict]:
     except SnapshotStoreError as e:  # pruned or deleted meanwhile: a newer one is there
         raise StateUnavailableError(f"snapshot {rec.snapshot_id} of job {c.name!r} cannot be "
                                     f"read now ({e}); try again") from e
-    cache[st.name] = ((rec.job_id, rec.snapshot_id), state)
+    cache[st.name] = (ident, state)
     return rec.snapshot_id, state
 
 
@@ -263,10 +269,25 @@ def _live_state(c: Any, st: StatefulStage, keys: list | None) -> dict:
     return decode_stage(st, entries)
 
 
+SUMMARY_REFRESH_S = 10.0
+"""How often the dashboard's key counts decode a newer snapshot: a page that refreshes every
+second must not decode a large state every second."""
+
+
 def state_summary(c: Any) -> list[dict]:
     """The job's stateful stages with their key counts and bytes in its last committed
-    snapshot (the dashboard's job page); decoded as the snapshot reads are, once per
-    snapshot."""
+    snapshot (the dashboard's job page). A key count decodes the stage's entries as snapshot
+    reads do, at most every :data:`SUMMARY_REFRESH_S` seconds: between, a row keeps the count
+    (and snapshot id) it had."""
     rec = c.last_snapshot
-    return stage_summaries(c.definition, rec,
-                           (lambda st: _snapshot_state(c, st)[1]) if rec is not None else None)
+    counts = c.__dict__.setdefault("_state_counts", {})  # stage -> (snapshot id, keys, time)
+    now = time.monotonic()
+
+    def keys(st: StatefulStage) -> tuple[int, int]:
+        had = counts.get(st.name)
+        if had is not None and (had[0] == rec.snapshot_id or now - had[2] < SUMMARY_REFRESH_S):
+            return had[0], had[1]
+        sid, state = _snapshot_state(c, st)
+        counts[st.name] = (sid, len(state), now)
+        return sid, len(state)
+    return stage_summaries(c.definition, rec, keys if rec is not None else None)
