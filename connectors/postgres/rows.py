@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-__all__ = ["PostgresSinkError", "RowMaker", "describe_item"]
+__all__ = ["PostgresSinkError", "RowMaker", "describe_item", "row_key_fn"]
 
 
 class PostgresSinkError(ValueError):
@@ -72,3 +72,39 @@ class RowMaker:
         """The rows of ``items``, in order."""
         row = self.row
         return [row(item) for item in items]
+
+
+def row_key_fn(value_fn: Callable[[Any], Any] | None, columns: Sequence[str] | None,
+               key_columns: Sequence[str], where: str) -> Callable[[Any], Any]:
+    """The function giving an item's key values (what an upsert sink partitions items by):
+    read by name from a dict row, by position in ``columns`` from a tuple row."""
+    positions = None if columns is None else [list(columns).index(k) for k in key_columns]
+    keys = tuple(key_columns)
+
+    def key(item: Any) -> Any:
+        value = item if value_fn is None else value_fn(item)
+        if isinstance(value, dict):
+            try:
+                return tuple(value[k] for k in keys)
+            except KeyError:
+                raise PostgresSinkError(
+                    f"{where}: the row of item {describe_item(item)} has no value for the key "
+                    f"column(s) {[k for k in keys if k not in value]}; make value_fn give "
+                    "them") from None
+        if isinstance(value, (tuple, list)):
+            if positions is None:
+                raise PostgresSinkError(
+                    f"{where}: item {describe_item(item)} gives a tuple, but with key_columns "
+                    "and no columns the key's place in it is unknown; pass columns=[...] "
+                    "(the tuple's order) or make value_fn return a dict")
+            if len(value) <= max(positions):
+                raise PostgresSinkError(
+                    f"{where}: the row of item {describe_item(item)} has {len(value)} "
+                    f"value(s), the sink writes columns {list(columns or ())}; make value_fn "
+                    "return one value per column in that order")
+            return tuple(value[i] for i in positions)
+        raise PostgresSinkError(
+            f"{where}: item {describe_item(item)} gives a {type(value).__qualname__}, not a "
+            "row; pass value_fn=... returning a dict (column -> value) or a tuple in columns "
+            "order")
+    return key
