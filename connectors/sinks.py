@@ -249,5 +249,6 @@ class Sinks:
         # key keep their order (the last one wins), and two open transactions never wait for
         # each other's row locks
         key_fn = None if keys is None else row_key_fn(value_fn, cols, keys, where)
+        from jetwake.connectors.postgres.spark import PostgresSparkWriter
         return Sink(f"postgres-sink-{table}", ProcessorMetaSupplier.of(_ByGuarantee(choose)),
-                    partition_key_fn=key_fn)
+                    partition_key_fn=key_fn, spark=PostgresSparkWriter(spec))
