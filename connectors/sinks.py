@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from jetwake.engine.core.meta_supplier import (
     ProcessorMetaSupplier, ProcessorSupplier, SupplierContext,
@@ -181,8 +181,8 @@ class Sinks:
                     spark=KafkaSparkWriter(fmt, exactly_once))
 
     @staticmethod
-    def postgres(table: str, dsn: str, *, columns: "list[str] | None" = None,
-                 key_columns: "list[str] | None" = None,
+    def postgres(table: str, dsn: str, *, columns: "Sequence[str] | None" = None,
+                 key_columns: "Sequence[str] | None" = None,
                  value_fn: Callable[[Any], Any] | None = None,
                  exactly_once: "bool | None" = None, batch_size: int = 1000) -> Sink:
         """Writes items as rows of the PostgreSQL ``table`` (``"name"`` or ``"schema.name"``)

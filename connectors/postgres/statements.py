@@ -121,6 +121,7 @@ def upsert_statement(table: str, columns: Sequence[str], key_columns: Sequence[s
     from psycopg import sql
 
     rest = [c for c in columns if c not in key_columns]
+    action: Any
     if rest:
         action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
             sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
