@@ -114,7 +114,7 @@ def _safe_dsn(dsn: str) -> str:
         parts = conninfo_to_dict(dsn)
         if "password" in parts:
             parts["password"] = "***"
-        return make_conninfo(**parts)
+        return make_conninfo("", **parts)
     except Exception:  # noqa: BLE001 - a message only
         return "<dsn>"
 
@@ -261,6 +261,7 @@ def plan_reads(conn: Any, spec: PostgresSourceSpec, partitions: int) -> ReadPlan
     kind = _partition_kind(conn, spec)
     if kind is None:
         return ReadPlan([KeyRange(0, whole=True)], None)
+    assert spec.partition_column is not None  # a kind is found for a partition column only
     col = sql.Identifier(spec.partition_column)
     try:
         snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
