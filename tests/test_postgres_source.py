@@ -326,3 +326,25 @@ def test_the_backfill_reads_one_spark_partition_per_range(postgres_database, spa
         others = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
                               "current_database() AND pid <> pg_backend_pid()").fetchone()[0]
     assert others == 0
+
+
+@pytest.mark.spark
+def test_a_job_started_from_the_backfills_snapshot_does_not_read_the_rows_again(
+        postgres_database, spark_runner):
+    rows = [_row(i, i) for i in range(1000)]
+    _create(postgres_database, rows)
+    p = _pipeline(Sources.postgres("SELECT * FROM events", postgres_database,
+                                   partition_column="k", partitions=3))
+
+    with Member() as m:
+        spark_runner.run(p, export_snapshot="after-backfill", member=m)
+        backfilled = len(m.get_list("out"))
+        job = m.new_job(p, JobConfig(initial_snapshot_name="after-backfill",
+                                     processing_guarantee="exactly_once"))
+        job.join()
+        metrics = job.metrics()
+        out = list(m.get_list("out"))
+
+    assert backfilled == 1000
+    assert sorted(map(_as_row, out)) == rows
+    assert metrics["postgres-source"]["records_in"] == 0
