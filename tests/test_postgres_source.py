@@ -118,6 +118,18 @@ def test_without_a_partition_column_one_processor_reads_the_query_in_its_order(
     assert [d["id"] for d in out] == list(range(2499, -1, -1))
 
 
+@pytest.mark.parametrize("partition_column", [None, "k"])
+def test_a_query_with_percent_signs_and_a_closing_comment_reads_as_written(
+        postgres_database, partition_column):
+    _create(postgres_database, [_row(i, i) for i in range(300)])
+    query = "SELECT * FROM events WHERE name LIKE 'event-1%' -- the hundreds and the ones"
+
+    out = _read_on_member(_pipeline(Sources.postgres(
+        query, postgres_database, partition_column=partition_column)), local_parallelism=2)
+
+    assert sorted(d["id"] for d in out) == [i for i in range(300) if str(i).startswith("1")]
+
+
 def test_every_range_is_read_in_the_snapshot_the_plan_was_made_in(postgres_database):
     _create(postgres_database, [_row(i, i) for i in range(100)])
     spec = PostgresSourceSpec("SELECT * FROM events", postgres_database, "k", 4, "test")
@@ -270,6 +282,7 @@ def test_a_server_that_does_not_answer_fails_the_job_naming_it(monkeypatch):
 
 # --- on a cluster and on Spark ------------------------------------------------------------
 
+@pytest.mark.kafka
 def test_two_members_split_the_read_and_give_every_row_once(postgres_database, tmp_path: Path,
                                                             kafka_bootstrap: str):
     from support.cluster_processes import ClusterProcesses

@@ -226,7 +226,7 @@ def _partition_kind(conn: Any, spec: PostgresSourceSpec) -> str | None:
     import psycopg
 
     try:
-        cur = conn.execute(f"SELECT * FROM ({spec.query}) q LIMIT 0")
+        cur = conn.execute(f"SELECT * FROM (\n{spec.query}\n) q LIMIT 0")
     except psycopg.Error as e:
         raise _query_error(spec, e) from None
     cols = [(c.name, c.type_code) for c in cur.description or ()]
@@ -266,7 +266,7 @@ def plan_reads(conn: Any, spec: PostgresSourceSpec, partitions: int) -> ReadPlan
     try:
         snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
         lo, hi, nulls = conn.execute(sql.SQL(
-            "SELECT min({c}), max({c}), bool_or({c} IS NULL) FROM ({q}) q").format(
+            "SELECT min({c}), max({c}), bool_or({c} IS NULL) FROM (\n{q}\n) q").format(
                 c=col, q=sql.SQL(spec.query))).fetchone()  # type: ignore[arg-type]
     except psycopg.Error as e:
         raise _query_error(spec, e) from None
@@ -283,9 +283,10 @@ def range_query(spec: PostgresSourceSpec, r: KeyRange, ordered: bool,
     query)."""
     from psycopg import sql
 
-    q = sql.SQL(spec.query)  # type: ignore[arg-type]
+    # the statement goes with parameters: a % of the query's own text is doubled
+    q = sql.SQL(spec.query.replace("%", "%%"))  # type: ignore[arg-type]
     if r.whole:
-        stmt = sql.SQL("SELECT * FROM ({}) q").format(q)
+        stmt = sql.SQL("SELECT * FROM (\n{}\n) q").format(q)
         params: list[Any] = []
     else:
         col = sql.Identifier(spec.partition_column)  # type: ignore[arg-type]
@@ -303,7 +304,8 @@ def range_query(spec: PostgresSourceSpec, r: KeyRange, ordered: bool,
                 params.append(r.hi)
             if not conds:
                 conds = [sql.SQL("{} IS NOT NULL").format(col)]
-        stmt = sql.SQL("SELECT * FROM ({}) q WHERE {}").format(q, sql.SQL(" AND ").join(conds))
+        stmt = sql.SQL("SELECT * FROM (\n{}\n) q WHERE {}").format(
+            q, sql.SQL(" AND ").join(conds))
         if ordered and not r.nulls:
             stmt = sql.SQL("{} ORDER BY {}").format(stmt, col)
     if skip:
