@@ -237,9 +237,9 @@ class Sources:
         numeric, date or timestamp column of the result) the range ``[min, max]`` of its
         values is split into ``partitions`` ranges (default: one per processor of the stage
         over every member), read side by side (``SELECT * FROM (query) q WHERE col >= lo AND
-        col < hi``), the rows whose key is NULL a range of their own; all the processors of
-        a member read one snapshot of the database. Rows are fetched ``CHUNK_ROWS`` at a time
-        from a server-side cursor. In a job with snapshots each range's progress is saved,
+        col < hi``), the rows whose key is NULL a range of their own; every processor on
+        every member reads one snapshot of the database (exported by the first member).
+        Rows are fetched ``CHUNK_ROWS`` at a time from a server-side cursor. In a job with snapshots each range's progress is saved,
         and a restored job goes on where it was.
         """
         from jetwake.connectors.postgres.source import (

@@ -16,7 +16,8 @@ import pytest
 from jetwake import JobConfig, Member, Pipeline, Sinks, Sources
 from jetwake.connectors.postgres import source as pg_source
 from jetwake.connectors.postgres.source import (
-    KeyRange, PostgresSourceError, PostgresSourceSpec, plan_reads, read_range, split_key_range,
+    PostgresSourceError, PostgresSourceSpec, find_snapshot, plan_reads, publish_snapshot,
+    read_range, snapshot_tag, split_key_range,
 )
 from support.spark_fixtures import spark_runner  # noqa: F401 - a fixture
 from support.waiting import wait_until
@@ -145,6 +146,37 @@ def test_every_range_is_read_in_the_snapshot_the_plan_was_made_in(postgres_datab
 
     assert len(plan.ranges) == 4 and plan.snapshot
     assert sorted(read) == list(range(100))
+
+
+def test_another_member_finds_the_first_members_snapshot_and_plans_the_same_ranges(
+        postgres_database):
+    _create(postgres_database, [_row(i, i) for i in range(100)])
+    spec = PostgresSourceSpec("SELECT * FROM events", postgres_database, "k", None, "test")
+    tag = snapshot_tag("execution-1", "postgres-source")
+    with psycopg.connect(postgres_database) as first, \
+            psycopg.connect(postgres_database, autocommit=True) as second:
+        plan = plan_reads(first, spec, 4, publish=lambda s: publish_snapshot(first, tag, s))
+        with psycopg.connect(postgres_database, autocommit=True) as other:
+            other.execute("INSERT INTO events SELECT g, g, 'late', 0, NULL "
+                          "FROM generate_series(100, 199) g")
+        shared = find_snapshot(second, tag, "test")
+        second.autocommit = False
+        again = plan_reads(second, spec, 4, snapshot=shared)
+        first.close()  # the second member's own export outlives the first's
+        read = [row["id"] for r in again.ranges
+                for chunk in read_range(spec, r, again.snapshot) for row in chunk]
+
+    assert shared == plan.snapshot
+    assert again.ranges == plan.ranges
+    assert sorted(read) == list(range(100))
+
+
+def test_a_member_that_finds_no_snapshot_of_the_first_member_says_why(postgres_database):
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        with pytest.raises(PostgresSourceError, match="the job's first member did not show "
+                                                      "its snapshot of the database in 0 s"):
+            find_snapshot(conn, snapshot_tag("execution-2", "postgres-source"), "test",
+                          timeout_s=0.2)
 
 
 def test_a_reference_table_read_into_a_map_enriches_a_stream(postgres_database):

@@ -9,7 +9,13 @@ functions for a member's processors and the Spark backfill's tasks. Its steps:
   of a numeric, date or timestamp type;
 - ``min``, ``max`` and whether there are NULLs are read in one REPEATABLE READ transaction
   that exports its snapshot (``pg_export_snapshot()``); the readers import it (``SET
-  TRANSACTION SNAPSHOT``), so every range is read from the same state of the database;
+  TRANSACTION SNAPSHOT``), so every range is read from the same state of the database. On a
+  cluster the first member's connection exports it and shows its name to the other members
+  as its ``application_name`` (:func:`publish_snapshot`, under a tag of the execution); each
+  other member finds it in ``pg_stat_activity`` (:func:`find_snapshot`) while it builds its
+  share, imports it into a connection of its own, plans the same ranges in it and exports it
+  again for its processors. The first member's connection stays open until its processors
+  start, which is after every member has built its share;
 - ``[min, max]`` is cut into ``partitions`` ranges of equal width; the first range is open
   below and the last open above (a boundary is only a place to cut), and the rows whose key
   is NULL are a range of their own.
@@ -26,8 +32,10 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import hashlib
 import logging
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -44,6 +52,7 @@ from jetwake.engine.backfill.stage_output import StageOut
 __all__ = [
     "PostgresSourceError", "PostgresSourceSpec", "KeyRange", "ReadPlan", "CHUNK_ROWS",
     "source_spec", "split_key_range", "plan_reads", "range_query", "read_range",
+    "snapshot_tag", "publish_snapshot", "find_snapshot",
     "PostgresSourceMetaSupplier", "PostgresSourceProcessor", "PostgresSparkReader",
 ]
 
@@ -54,6 +63,10 @@ CHUNK_ROWS = CHUNK_SIZE
 
 CONNECT_TIMEOUT_S = 10.0
 """How long a server that does not answer is retried when a read starts."""
+
+SHARE_TIMEOUT_S = 100.0
+"""How long a member waits for the first member's snapshot (within the 120 s a member has to
+build its share of an execution)."""
 
 _KEY = "postgres-source"
 
@@ -249,31 +262,81 @@ def _partition_kind(conn: Any, spec: PostgresSourceSpec) -> str | None:
     return kind
 
 
-def plan_reads(conn: Any, spec: PostgresSourceSpec, partitions: int) -> ReadPlan:
+def plan_reads(conn: Any, spec: PostgresSourceSpec, partitions: int, *,
+               snapshot: str | None = None,
+               publish: Callable[[str], None] | None = None) -> ReadPlan:
     """The ranges to read, found on ``conn`` (fresh, not in a transaction), which it leaves
     in the REPEATABLE READ transaction whose snapshot they are read in (exported, when there
-    are several ranges): the caller keeps ``conn`` open until every reader has imported it."""
+    is a partition column): the caller keeps ``conn`` open until every reader has imported
+    it. ``snapshot``: the transaction imports that snapshot first (another member's), so the
+    plan is the same as there; ``publish`` is given the exported snapshot's name before the
+    key range is read."""
     import psycopg
     from psycopg import sql
 
     conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     conn.read_only = True
+    if snapshot is not None:
+        try:
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+        except psycopg.Error as e:
+            raise RestartableError(
+                f"{spec.where}: cannot read in the snapshot {snapshot} that the job's first "
+                f"member exported: {type(e).__name__}: {e}; its member or its connection went "
+                "away: the job restarts") from None
     kind = _partition_kind(conn, spec)
     if kind is None:
         return ReadPlan([KeyRange(0, whole=True)], None)
     assert spec.partition_column is not None  # a kind is found for a partition column only
     col = sql.Identifier(spec.partition_column)
     try:
-        snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+        exported = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+        if publish is not None:
+            publish(exported)
         lo, hi, nulls = conn.execute(sql.SQL(
             "SELECT min({c}), max({c}), bool_or({c} IS NULL) FROM (\n{q}\n) q").format(
                 c=col, q=sql.SQL(spec.query))).fetchone()  # type: ignore[arg-type]
     except psycopg.Error as e:
         raise _query_error(spec, e) from None
     if lo is None:  # no row with a key: one range (it holds the NULLs, if any)
-        return ReadPlan([KeyRange(0, nulls=bool(nulls))], snapshot)
+        return ReadPlan([KeyRange(0, nulls=bool(nulls))], exported)
     cuts = split_key_range(lo, hi, partitions, kind)
-    return ReadPlan(_ranges(cuts, bool(nulls)), snapshot)
+    return ReadPlan(_ranges(cuts, bool(nulls)), exported)
+
+
+def snapshot_tag(execution_key: str, vertex_name: str) -> str:
+    """The name under which the first member of an execution shows the snapshot it exported
+    (the ``application_name`` of its connection, ``<tag>:<snapshot>``): new for every
+    execution, so no member finds the snapshot of an earlier one."""
+    digest = hashlib.sha1(f"{execution_key}/{vertex_name}".encode()).hexdigest()[:16]
+    return f"jetwake-pg:{digest}"
+
+
+def publish_snapshot(conn: Any, tag: str, snapshot: str) -> None:
+    """Shows ``snapshot`` to the other members: the connection's application_name, which
+    ``pg_stat_activity`` shows to every session of the same role."""
+    conn.execute("SELECT set_config('application_name', %s, false)", (f"{tag}:{snapshot}",))
+
+
+def find_snapshot(conn: Any, tag: str, where: str,
+                  timeout_s: float | None = None) -> str:
+    """The snapshot the first member published under ``tag``, waited for (the members build
+    their share of an execution side by side); ``conn`` in autocommit."""
+    timeout_s = SHARE_TIMEOUT_S if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
+    while True:
+        row = conn.execute(
+            "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE %s "
+            "AND datname = current_database() ORDER BY backend_start DESC LIMIT 1",
+            (tag + ":%",)).fetchone()
+        if row is not None:
+            return str(row[0])[len(tag) + 1:]
+        if time.monotonic() > deadline:
+            raise PostgresSourceError(
+                f"{where}: the job's first member did not show its snapshot of the database "
+                f"in {timeout_s:.0f} s (a connection named {tag}:... in pg_stat_activity); "
+                "it failed to start, or the role cannot see the other sessions of its role")
+        time.sleep(0.05)
 
 
 def range_query(spec: PostgresSourceSpec, r: KeyRange, ordered: bool,
@@ -372,10 +435,25 @@ class _MemberRead:
             if context.member_index == 0:  # global processor 0 reads the whole query
                 self.plan = ReadPlan([KeyRange(0, whole=True)], None)
             return
-        self._holder = _connect(spec)
-        weakref.finalize(self, self._holder.close)  # a failed start never reaches the readers
+        self._holder = holder = _connect(spec)
+        weakref.finalize(self, holder.close)  # a failed start never reaches the readers
+        n = spec.partitions or self.total
         try:
-            self.plan = plan_reads(self._holder, spec, spec.partitions or self.total)
+            if context.member_count == 1:
+                self.plan = plan_reads(holder, spec, n)
+            elif context.member_index == 0:
+                # the first member exports the snapshot and shows it to the others: it holds
+                # it until its own processors start, which is after every member has built
+                # its share (and imported it)
+                tag = snapshot_tag(context.execution_key, context.vertex_name)
+                self.plan = plan_reads(holder, spec, n,
+                                       publish=lambda s: publish_snapshot(holder, tag, s))
+            else:
+                tag = snapshot_tag(context.execution_key, context.vertex_name)
+                holder.autocommit = True
+                shared = find_snapshot(holder, tag, spec.where)
+                holder.autocommit = False
+                self.plan = plan_reads(holder, spec, n, snapshot=shared)
         except BaseException:
             self._holder.close()
             raise
