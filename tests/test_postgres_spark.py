@@ -150,6 +150,19 @@ def test_a_retried_task_leaves_each_row_once_and_no_prepared_transaction(postgre
     assert _prepared(postgres_database) == []
 
 
+@pytest.mark.spark
+def test_a_table_that_does_not_exist_fails_the_run_before_any_task(postgres_database,
+                                                                    spark_runner):
+    p = Pipeline()
+    (p.read_from(Sources.items(range(10)))
+      .map(lambda i: i // 0)  # never runs: the table is checked first
+      .write_to(Sinks.postgres("missing", postgres_database, value_fn=lambda i: (i,),
+                               exactly_once=True)))
+
+    with pytest.raises(Exception, match="table 'missing' does not exist"):
+        spark_runner.run(p)
+
+
 # --- the driver's settling, on prepared transactions made as tasks make them ----------------
 
 def test_the_driver_commits_the_winning_attempts_and_rolls_back_the_others(postgres_database):

@@ -84,7 +84,12 @@ class PostgresSparkWriter(SparkWriter):
                 lambda i, it: [write_partition(i, it, spec, columns, name, run)]).collect()
         except BaseException:
             if run is not None:
-                _with_conn(spec, lambda c: settle_run(c, run, name, None), "rolling back")
+                try:
+                    _with_conn(spec, lambda c: settle_run(c, run, name, None), "rolling back")
+                except Exception:  # noqa: BLE001 - the run's own failure is what to report
+                    log.warning("%s: the failed run %s could not roll back its prepared "
+                                "transactions; the next run of stage %r settles them",
+                                spec.where, run, name, exc_info=True)
             raise
         if run is not None:
             winners = {gid for _, gid, _ in written if gid is not None}
