@@ -233,7 +233,7 @@ def test_a_restarted_job_goes_on_from_the_saved_ranges_and_emits_each_row_once(
 
 
 def _slowly(row: dict) -> dict:
-    if row["id"] % 500 == 0:
+    if row["id"] % 200 == 0:
         import time
         time.sleep(0.005)  # throttles the stream so that snapshots fall inside the read
     return row
