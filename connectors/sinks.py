@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from jetwake.engine.core.meta_supplier import (
     ProcessorMetaSupplier, ProcessorSupplier, SupplierContext,
@@ -179,3 +179,76 @@ class Sinks:
             return lambda: KafkaSinkProcessor(fmt)
         return Sink(f"kafka-sink-{topic}", ProcessorMetaSupplier.of(_ByGuarantee(choose)),
                     spark=KafkaSparkWriter(fmt, exactly_once))
+
+    @staticmethod
+    def postgres(table: str, dsn: str, *, columns: "Sequence[str] | None" = None,
+                 key_columns: "Sequence[str] | None" = None,
+                 value_fn: Callable[[Any], Any] | None = None,
+                 exactly_once: "bool | None" = None, batch_size: int = 1000) -> Sink:
+        """Writes items as rows of the PostgreSQL ``table`` (``"name"`` or ``"schema.name"``)
+        at ``dsn`` (a libpq connection string or URI). See docs/postgres.md.
+
+        ``value_fn(item)`` (the item itself without one) gives a dict (column -> value) or a
+        tuple in ``columns`` order; ``columns=None``: the table's columns, read from its
+        catalog when the job starts. ``key_columns``: upsert (``INSERT ... ON CONFLICT
+        (key_columns) DO UPDATE``), which needs a unique key on them. ``exactly_once``: None
+        follows the job's processing guarantee (under exactly_once, one transaction per
+        processor and snapshot, prepared at phase 1 and committed at phase 2); False writes and
+        commits every batch (exact contents with ``key_columns``, at-least-once without); True
+        requires a job with processing_guarantee="exactly_once". Rows go to the server
+        ``batch_size`` at a time (COPY, or the upsert pipelined).
+        """
+        from jetwake.connectors.postgres.connection import check_dsn
+        from jetwake.connectors.postgres.rows import PostgresSinkError, row_key_fn
+        from jetwake.connectors.postgres.sink import (
+            PostgresExactlyOnceSinkProcessor, PostgresSinkProcessor, PostgresSinkSpec,
+        )
+        from jetwake.connectors.postgres.statements import parse_table
+
+        where = f"Sinks.postgres({table!r})"
+        parse_table(table)
+        check_dsn(dsn, where)
+        _check_fn(value_fn, f"{where} value_fn")
+
+        def names(value: Any, what: str) -> "tuple[str, ...] | None":
+            if value is None:
+                return None
+            if isinstance(value, str) or not all(isinstance(c, str) and c for c in value) \
+                    or not value:
+                raise PostgresSinkError(f"{where}: {what} must be a non-empty list of column "
+                                        f"names, got {value!r}")
+            if len(set(value)) != len(value):
+                raise PostgresSinkError(f"{where}: {what} names a column twice: {value!r}")
+            return tuple(value)
+        cols, keys = names(columns, "columns"), names(key_columns, "key_columns")
+        if cols is not None and keys is not None and not set(keys) <= set(cols):
+            raise PostgresSinkError(f"{where}: key_columns {list(keys)} must be among columns "
+                                    f"{list(cols)}")
+        if exactly_once not in (None, True, False):
+            raise TypeError(f"{where}: exactly_once must be None, True or False, got "
+                            f"{exactly_once!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise PostgresSinkError(f"{where}: batch_size must be a positive int, got "
+                                    f"{batch_size!r}")
+        spec = PostgresSinkSpec(table, dsn, cols, keys, value_fn, exactly_once, batch_size,
+                                where)
+
+        def choose(ctx: SupplierContext) -> Callable[[], Processor]:
+            transactional = ctx.processing_guarantee == "exactly_once"
+            if exactly_once and not transactional:
+                raise PostgresSinkError(
+                    f"{where}: exactly_once=True needs a job with exactly-once snapshots, but "
+                    f"job '{ctx.job_name}' runs with processing_guarantee="
+                    f"'{ctx.processing_guarantee}'. Submit it with JobConfig(processing_"
+                    "guarantee='exactly_once'), or pass exactly_once=None (follow the job's "
+                    "guarantee) or exactly_once=False (commit every batch)")
+            if transactional and exactly_once is not False:
+                return lambda: PostgresExactlyOnceSinkProcessor(spec)
+            return lambda: PostgresSinkProcessor(spec)
+        # with key_columns, items reach the processor owning their key: the upserts of one
+        # key keep their order (the last one wins), and two open transactions never wait for
+        # each other's row locks
+        key_fn = None if keys is None else row_key_fn(value_fn, cols, keys, where)
+        from jetwake.connectors.postgres.spark import PostgresSparkWriter
+        return Sink(f"postgres-sink-{table}", ProcessorMetaSupplier.of(_ByGuarantee(choose)),
+                    partition_key_fn=key_fn, spark=PostgresSparkWriter(spec))

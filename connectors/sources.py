@@ -225,3 +225,27 @@ class Sources:
                                                "fail", None))
         source.table_changelog = True
         return source
+
+    @staticmethod
+    def postgres(query: str, dsn: str, *, partition_column: "str | None" = None,
+                 partitions: "int | None" = None) -> Source:
+        """The rows of a PostgreSQL ``query`` at ``dsn`` (a libpq connection string or URI)
+        as dicts (column -> value, values as psycopg adapts them), a batch. See
+        docs/postgres.md, "Reading from PostgreSQL".
+
+        Without ``partition_column`` one processor in the cluster runs the query. With it (a
+        numeric, date or timestamp column of the result) the range ``[min, max]`` of its
+        values is split into ``partitions`` ranges (default: one per processor of the stage
+        over every member), read side by side (``SELECT * FROM (query) q WHERE col >= lo AND
+        col < hi``), the rows whose key is NULL a range of their own; every processor on
+        every member reads one snapshot of the database (exported by the first member).
+        Rows are fetched ``CHUNK_ROWS`` at a time from a server-side cursor. In a job with snapshots each range's progress is saved,
+        and a restored job goes on where it was.
+        """
+        from jetwake.connectors.postgres.source import (
+            PostgresSourceMetaSupplier, PostgresSparkReader, source_spec,
+        )
+
+        spec = source_spec(query, dsn, partition_column, partitions)
+        return Source("postgres-source", PostgresSourceMetaSupplier(spec),
+                      spark=PostgresSparkReader(spec))

@@ -34,6 +34,11 @@ class SparkReader:
         session (given back to :meth:`read`); None by default."""
         return None
 
+    def release(self, bounds: Any) -> None:
+        """Called once the run has ended (done or failed) with what :meth:`bounds` gave: a
+        reader whose bounds hold something open for the tasks (a database snapshot the
+        driver exports) closes it here."""
+
     def read(self, backfill: "Translator", t: "SourceTransform", bounds: Any) -> "StageOut":
         """The source's stage: an RDD of chunks (``backfill`` offers the common ways to make
         one: :meth:`Translator.local_items`, :meth:`Translator.file_runs`)."""

@@ -29,7 +29,9 @@ from jetwake.engine.pipeline.transforms import SideSinkTransform
 from jetwake.engine.backfill.handoff import check_snapshot_name, write_snapshot
 from jetwake.engine.backfill.until import parse_until
 from jetwake.engine.backfill.task_failures import BackfillTaskError, spark_task_failure
-from jetwake.engine.backfill.translate import Translator, check_pipeline, read_source_bounds
+from jetwake.engine.backfill.translate import (
+    Translator, check_pipeline, read_source_bounds, release_source_bounds,
+)
 
 __all__ = ["SparkRunner", "BackfillResult", "BackfillTaskError", "SparkMasterError",
            "EVERY_WINDOW_CLOSED", "LOCAL_DRIVER_JAVA_OPTIONS"]
@@ -258,6 +260,13 @@ class SparkRunner:
         if export_snapshot is not None:
             check_snapshot_name(member, export_snapshot)
         bounds = read_source_bounds(pipeline, until)
+        try:
+            return self._run(pipeline, bounds, export_snapshot, member)
+        finally:
+            release_source_bounds(pipeline, bounds)
+
+    def _run(self, pipeline: Pipeline, bounds: dict[int, Any], export_snapshot: str | None,
+             member: Any) -> BackfillResult:
         spark = self.spark  # a master that does not answer, or no pyspark, fails here
         from pyspark.accumulators import AccumulatorParam
 

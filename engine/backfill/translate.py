@@ -40,7 +40,7 @@ from jetwake.engine.backfill.chunks import chunked, stateless_chunk_function
 from jetwake.engine.backfill.connector_forms import SparkReader, SparkWriter
 from jetwake.engine.backfill.stage_output import StageOut
 
-__all__ = ["check_pipeline", "Translator", "StageOut"]
+__all__ = ["check_pipeline", "release_source_bounds", "Translator", "StageOut"]
 
 
 def check_pipeline(pipeline: Pipeline, member: Any) -> None:
@@ -124,6 +124,16 @@ def read_source_bounds(pipeline: Pipeline, until: Any) -> dict[int, Any]:
             raise ValueError(f"until: offsets for topic(s) {unknown}, which no Kafka source of "
                              f"the pipeline reads (they read {sorted(read)})")
     return bounds
+
+
+def release_source_bounds(pipeline: Pipeline, bounds: dict[int, Any]) -> None:
+    """Gives each source's reader back its bounds once the run has ended (see
+    ``SparkReader.release``)."""
+    for t in pipeline.transforms:
+        if isinstance(t, SourceTransform) and id(t) in bounds:
+            reader = t.source.spark
+            assert isinstance(reader, SparkReader)
+            reader.release(bounds[id(t)])
 
 
 class Translator:

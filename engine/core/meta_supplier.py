@@ -41,6 +41,9 @@ class SupplierContext:
     member_count: int
     processing_guarantee: str
     member: Any = None
+    #: the execution's key, the same on every member of one execution and new for each (a
+    #: source whose members must meet outside the job, in a database, names it there)
+    execution_key: str = ""
 
 
 class ProcessorSupplier:

@@ -9,7 +9,9 @@ the same value (the partition hash depends on it) and decoding never runs arbitr
 from __future__ import annotations
 
 import datetime as _dt
+import decimal as _decimal
 import threading
+import uuid as _uuid
 from typing import Any, Callable
 
 import msgpack
@@ -24,6 +26,10 @@ _EXT_DATE = 5
 _EXT_BIGINT = 6
 _EXT_REGISTERED = 7
 _EXT_TIMEDELTA = 8
+# what a database row holds besides the above (PostgreSQL's numeric, uuid and time columns)
+_EXT_DECIMAL = 9
+_EXT_UUID = 10
+_EXT_TIME = 11
 
 # ids below 100 are jetwake's own; users register theirs from 100 up
 BROADCAST_KEY_TYPE_ID = 1
@@ -95,13 +101,20 @@ def _default(obj: Any) -> Any:
     if isinstance(obj, _dt.timedelta):
         return msgpack.ExtType(
             _EXT_TIMEDELTA, _pack([obj.days, obj.seconds, obj.microseconds]))
+    if isinstance(obj, _decimal.Decimal):
+        return msgpack.ExtType(_EXT_DECIMAL, str(obj).encode())
+    if isinstance(obj, _uuid.UUID):
+        return msgpack.ExtType(_EXT_UUID, obj.bytes)
+    if isinstance(obj, _dt.time):
+        return msgpack.ExtType(_EXT_TIME, obj.isoformat().encode())
     if isinstance(obj, dict):
         return dict(obj)
     if isinstance(obj, list):
         return list(obj)
     raise SerializationError(
         f"cannot serialize {type(obj).__qualname__} ({_short(obj)}): use msgpack-able values "
-        "(None, bool, int, float, str, bytes, list, tuple, dict, set, datetime) or call "
+        "(None, bool, int, float, str, bytes, list, tuple, dict, set, datetime, date, time, "
+        "timedelta, Decimal, UUID) or call "
         "jetwake.register_type() for this class")
 
 
@@ -129,6 +142,12 @@ def _ext_hook(code: int, data: bytes) -> Any:
         return _dt.timedelta(days=days, seconds=seconds, microseconds=micros)
     if code == _EXT_BIGINT:
         return int(data.decode())
+    if code == _EXT_DECIMAL:
+        return _decimal.Decimal(data.decode())
+    if code == _EXT_UUID:
+        return _uuid.UUID(bytes=data)
+    if code == _EXT_TIME:
+        return _dt.time.fromisoformat(data.decode())
     if code == _EXT_REGISTERED:
         type_id, payload = _unpack(data)
         entry = _registered_by_id.get(type_id)

@@ -64,6 +64,7 @@ class PlanContext:
     state_backend: str = "memory"
     snapshot_interval_ms: int = 0
     remote: RemoteEdges | None = None
+    execution_key: str = ""
 
 
 def resolve_parallelism(dag: DAG, default: int) -> dict[str, int]:
@@ -234,7 +235,7 @@ def _create_processors(v: Vertex, count: int, ctx: PlanContext) -> list[Processo
         job_id=ctx.job_id, job_name=ctx.job_name, vertex_name=v.name, local_parallelism=count,
         total_parallelism=count * ctx.member_count, member_index=ctx.member_index,
         member_count=ctx.member_count, processing_guarantee=ctx.processing_guarantee,
-        member=ctx.member))
+        member=ctx.member, execution_key=ctx.execution_key))
     procs = list(supplier.get(count))
     if len(procs) != count:
         raise ValueError(f"vertex '{v.name}': its supplier returned {len(procs)} processors, "

@@ -193,7 +193,7 @@ class ExecutionParticipant:
             state_backend=cfg.state_backend,
             snapshot_interval_ms=cfg.snapshot_interval_ms if cfg.snapshots_enabled else 0,
             remote=_RemoteEnds(self.edges, exec_key, members)
-            if len(members) > 1 and self.edges is not None else None)
+            if len(members) > 1 and self.edges is not None else None, execution_key=exec_key)
         try:
             tasklets = prepare_share(dag, ctx, cfg, reader, msg.restore_desc,
                                      msg.skipped_damaged, msg.accept_fallback)

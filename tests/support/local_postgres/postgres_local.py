@@ -499,6 +499,40 @@ def stop_server(port: int | None = None, timeout: float = STOP_TIMEOUT) -> bool:
         return pid is not None
 
 
+def restart_server(port: int | None = None, *, immediate: bool = True,
+                   timeout: float = READY_TIMEOUT) -> str:
+    """Stop the server `start_server` started on `port` and start it again on the same data
+    directory, keeping its data (and its prepared transactions); returns the DSN once it
+    accepts connections. ``immediate``: stop it as a crash would (SIGQUIT: no checkpoint,
+    clients cut off, recovery from the WAL at the start), else PostgreSQL's fast shutdown."""
+    port = default_port() if port is None else int(port)
+    rdir = run_dir(port)
+    with _file_lock(CACHE / "locks" / f"run-{port}.lock"):
+        state = _read_state(port)
+        if state is None:
+            raise PostgresLocalError(f"no PostgreSQL started by postgres_local on port {port}")
+        pid = _alive_pid(state)
+        if pid is not None:
+            if immediate:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGQUIT)
+            _terminate(pid, STOP_TIMEOUT)
+        folder = Path(state["bin_dir"])
+        account = run_as_account() if state.get("account") else None
+        log = rdir / "postgres.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen([str(folder / "postgres"), "-D", str(rdir / "data")],
+                                    stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    close_fds=True, cwd=rdir, env=_child_env(account),
+                                    **_as_account(account))
+        state["pid"] = proc.pid
+        (rdir / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        _wait_ready(folder, port, proc.pid, timeout, log)
+        _log(f"PostgreSQL on port {port} restarted (pid {proc.pid}), data kept")
+        return dsn_for(port)
+
+
 # --------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------

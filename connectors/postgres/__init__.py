@@ -1,0 +1,1 @@
+"""The PostgreSQL connector: ``Sinks.postgres`` (see docs/postgres.md)."""

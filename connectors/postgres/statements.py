@@ -1,0 +1,148 @@
+"""The SQL of the PostgreSQL sink, one function per statement, identifiers quoted by
+``psycopg.sql`` (a table or column name is never pasted into SQL text), and the catalog checks
+made when a sink starts. Shared by the member's processors and the Spark backfill's tasks.
+
+Writing a batch (:func:`write_batch`):
+
+- *insert* mode (no ``key_columns``): ``COPY table (columns) FROM STDIN``, the fastest way
+  into PostgreSQL;
+- *upsert* mode (``key_columns``): ``INSERT ... ON CONFLICT (key_columns) DO UPDATE SET``
+  every other column to ``EXCLUDED``'s value, sent with ``executemany`` in pipeline mode (one
+  round trip per batch, not per row). Rows of the same key in one batch are applied in order,
+  so the last one wins, as it does across batches. (COPY into a temporary table and one
+  ``INSERT ... SELECT ... ON CONFLICT`` would refuse two rows of one key in a batch, and a
+  transaction that touched a temporary table cannot be prepared.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from jetwake.connectors.postgres.rows import PostgresSinkError
+
+__all__ = [
+    "parse_table", "table_identifier", "table_columns", "check_columns", "check_unique_key",
+    "insert_statement", "copy_statement", "upsert_statement", "write_batch",
+]
+
+
+def parse_table(table: str) -> tuple[str, ...]:
+    """``"name"`` or ``"schema.name"`` as the parts of a qualified name (no quoting: the parts
+    are the names as stored in the catalog)."""
+    if not isinstance(table, str) or not table.strip():
+        raise PostgresSinkError(f"Sinks.postgres() needs a table name, got {table!r}")
+    parts = tuple(table.split("."))
+    if len(parts) > 2 or not all(parts):
+        raise PostgresSinkError(f"Sinks.postgres({table!r}): a table is 'name' or "
+                                "'schema.name'")
+    return parts
+
+
+def table_identifier(table: str) -> Any:
+    """The table's name as a quoted SQL identifier."""
+    from psycopg import sql
+
+    return sql.Identifier(*parse_table(table))
+
+
+def _regclass(table: str) -> str:
+    """The table as text ``to_regclass`` resolves, each part quoted."""
+    return ".".join('"' + p.replace('"', '""') + '"' for p in parse_table(table))
+
+
+def table_columns(conn: Any, table: str, where: str) -> list[str]:
+    """The table's columns in order, generated and dropped ones left out; an error naming the
+    table (and the database) when it does not exist."""
+    row = conn.execute("SELECT to_regclass(%s)::oid, current_database()",
+                       (_regclass(table),)).fetchone()
+    if row is None or row[0] is None:
+        db = row[1] if row is not None else "?"
+        raise PostgresSinkError(
+            f"{where}: table {table!r} does not exist in database {db!r} (search path "
+            "resolved); create it first, or name it as 'schema.name'")
+    cols = conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 "
+        "AND NOT attisdropped AND attgenerated = '' ORDER BY attnum", (row[0],)).fetchall()
+    return [c[0] for c in cols]
+
+
+def check_columns(conn: Any, table: str, columns: Sequence[str], where: str) -> list[str]:
+    """Checks that every one of ``columns`` exists in ``table`` (an error naming the unknown
+    ones and the table's columns); returns the table's columns."""
+    have = table_columns(conn, table, where)
+    unknown = [c for c in columns if c not in have]
+    if unknown:
+        raise PostgresSinkError(
+            f"{where}: table {table!r} has no column(s) {unknown}; its columns are {have}. "
+            "Fix columns=[...] (names are case-sensitive, as stored in the catalog)")
+    return have
+
+
+def check_unique_key(conn: Any, table: str, key_columns: Sequence[str], where: str) -> None:
+    """``ON CONFLICT (key_columns)`` needs a unique index or primary key on exactly those
+    columns: an error saying so when the table has none."""
+    row = conn.execute("SELECT to_regclass(%s)::oid", (_regclass(table),)).fetchone()
+    indexes = conn.execute(
+        "SELECT ARRAY(SELECT a.attname FROM unnest(i.indkey) k "
+        "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k) "
+        "FROM pg_index i WHERE i.indrelid = %s AND i.indisunique AND i.indpred IS NULL "
+        "AND i.indexprs IS NULL", (row[0],)).fetchall()
+    want = set(key_columns)
+    if not any(set(cols) == want for (cols,) in indexes):
+        keys = [list(cols) for (cols,) in indexes]
+        raise PostgresSinkError(
+            f"{where}: key_columns {list(key_columns)} are not a unique key of table "
+            f"{table!r} (its unique keys: {keys or 'none'}); INSERT ... ON CONFLICT needs a "
+            "primary key or a unique index on exactly those columns: create one (ALTER TABLE "
+            "... ADD PRIMARY KEY (...) or CREATE UNIQUE INDEX ... ON ... (...)) or pass the "
+            "key_columns of an existing one")
+
+
+def insert_statement(table: str, columns: Sequence[str]) -> Any:
+    """``INSERT INTO table (columns) VALUES (%s, ...)``."""
+    from psycopg import sql
+
+    return sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+        table_identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)),
+        sql.SQL(", ").join(sql.Placeholder() * len(columns)))
+
+
+def copy_statement(table: str, columns: Sequence[str]) -> Any:
+    """``COPY table (columns) FROM STDIN``."""
+    from psycopg import sql
+
+    return sql.SQL("COPY {} ({}) FROM STDIN").format(
+        table_identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)))
+
+
+def upsert_statement(table: str, columns: Sequence[str], key_columns: Sequence[str]) -> Any:
+    """``INSERT ... ON CONFLICT (key_columns) DO UPDATE SET c = EXCLUDED.c`` for every column
+    not in the key (``DO NOTHING`` when every column is in the key)."""
+    from psycopg import sql
+
+    rest = [c for c in columns if c not in key_columns]
+    action: Any
+    if rest:
+        action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+            sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
+            for c in rest))
+    else:
+        action = sql.SQL("DO NOTHING")
+    return sql.SQL("{} ON CONFLICT ({}) {}").format(
+        insert_statement(table, columns), sql.SQL(", ").join(map(sql.Identifier, key_columns)),
+        action)
+
+
+def write_batch(conn: Any, table: str, columns: Sequence[str],
+                key_columns: Sequence[str] | None, rows: Sequence[tuple]) -> None:
+    """Writes ``rows`` in the connection's current transaction: COPY without ``key_columns``,
+    an upsert sent with ``executemany`` (pipelined) with them."""
+    if not rows:
+        return
+    with conn.cursor() as cur:
+        if key_columns:
+            cur.executemany(upsert_statement(table, columns, key_columns), rows)
+        else:
+            with cur.copy(copy_statement(table, columns)) as copy:
+                for row in rows:
+                    copy.write_row(row)

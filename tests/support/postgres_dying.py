@@ -1,0 +1,83 @@
+"""Sinks.postgres whose exactly-once processors kill their own process at a point of the
+two-phase commit, for the kill tests (see tests/support/postgres_job_process.py). A module of
+its own, so that the job's definition refers to it by name (a class defined in a script run as
+``__main__`` would be pickled by value, with its lock)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+_spec = os.environ.get("JETWAKE_PG_DIE_AT", "")
+_point, _, _n = _spec.partition(":")
+_left = [int(_n or 1)]
+_lock = threading.Lock()
+_committed = threading.Event()  # a snapshot's phase 2 ran: a kill now leaves a snapshot
+
+
+def mark_committed() -> None:
+    _committed.set()
+
+
+def die_at(point: str) -> None:
+    if point != _point or (point == "processing" and not _committed.is_set()):
+        return
+    with _lock:
+        _left[0] -= 1
+        if _left[0] <= 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def dying_sink(table: str, dsn: str):
+    """Sinks.postgres whose exactly-once processors call die_at() at their points."""
+    from jetwake import Sinks
+    from jetwake.connectors.postgres.prepared_transactions import list_prepared, make_gid
+    from support.waiting import poll_until
+    from jetwake.connectors.postgres.sink import PostgresExactlyOnceSinkProcessor
+
+    class Dying(PostgresExactlyOnceSinkProcessor):
+        def _send(self, rows):
+            super()._send(rows)
+            die_at("processing")
+
+        def snapshot_commit_prepare(self):
+            prepared = bool(self._open or self._batch)
+            done = super().snapshot_commit_prepare()
+            if prepared:
+                die_at("after-prepare")
+            return done
+
+        def snapshot_commit_finish(self, success):
+            sid = self.context.snapshot_id
+            if success and sid in self._prepared and self.context.global_processor_index == 1:
+                # processor 0's part of this snapshot: once it is committed, die before ours
+                other = make_gid(self.context.job_id, self.context.vertex_name, 0, sid)
+
+                def prepared() -> set:
+                    return self._control(lambda c: {p.gid for p in list_prepared(
+                        c, self.context.job_id, self.context.vertex_name)}, "listing")
+                if other in prepared():
+                    poll_until(lambda: other not in prepared(), timeout=10)
+                    die_at("during-commit")
+            done = super().snapshot_commit_finish(success)
+            mark_committed()
+            return done
+
+    sink = Sinks.postgres(table, dsn, columns=["id", "v"], batch_size=50)
+    supplier = sink.meta_supplier.supplier
+    inner = supplier.choose
+
+    def choose(ctx):
+        factory = inner(ctx)
+
+        def make():
+            proc = factory()
+            if type(proc) is PostgresExactlyOnceSinkProcessor:
+                proc.__class__ = Dying
+            return proc
+        return make
+    supplier.choose = choose
+    return sink
+
+
