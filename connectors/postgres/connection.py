@@ -85,7 +85,7 @@ def connect(dsn: str, where: str, timeout_s: float = RETRY_TIMEOUT_S) -> Any:
     refuses it for good (authentication, no such database) fails at once."""
     import psycopg
 
-    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     params = conninfo_to_dict(dsn)
     # a server that vanishes without closing the connection (a host down, a network cut) is
@@ -93,10 +93,11 @@ def connect(dsn: str, where: str, timeout_s: float = RETRY_TIMEOUT_S) -> Any:
     for key, value in (("connect_timeout", 5), ("keepalives", 1), ("keepalives_idle", 10),
                        ("keepalives_interval", 5), ("keepalives_count", 3)):
         params.setdefault(key, value)
+    conninfo = make_conninfo(**params)
 
     def attempt() -> Any:
         try:
-            return psycopg.connect(**params)
+            return psycopg.connect(conninfo)
         except psycopg.OperationalError as e:
             if is_connection_lost(e) and not _permanent_message(str(e)):
                 raise
