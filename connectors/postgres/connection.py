@@ -93,7 +93,7 @@ def connect(dsn: str, where: str, timeout_s: float = RETRY_TIMEOUT_S) -> Any:
     for key, value in (("connect_timeout", 5), ("keepalives", 1), ("keepalives_idle", 10),
                        ("keepalives_interval", 5), ("keepalives_count", 3)):
         params.setdefault(key, value)
-    conninfo = make_conninfo(**params)
+    conninfo = make_conninfo("", **params)
 
     def attempt() -> Any:
         try:
