@@ -27,7 +27,7 @@ from jetwake import JobConfig, Member, Pipeline, Sinks, Sources
 
 from .report import line, timer
 
-ROWS = 200_000
+ROWS = 500_000
 BATCH = 1000
 TABLE = "bench_rows"
 

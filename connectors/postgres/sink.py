@@ -423,6 +423,21 @@ class PostgresExactlyOnceSinkProcessor(_PostgresSinkBase):
         return True
 
     def close(self) -> None:
-        """The open transaction ends with the connection (rolled back). Prepared ones stay for
-        the restore of a restarted job to settle."""
+        """The open transaction ends with the connection (rolled back). A prepared transaction
+        whose snapshot is known to be committed (its phase 2 started with success, but the
+        processor stops before running it: a cancel, a restart) is committed now, as the
+        restore would do; the others stay for the restore of a restarted job to settle."""
+        snap = self.context.snapshot if hasattr(self, "context") else None
+        if getattr(self, "_prepared", None) and snap is not None and snap.phase2_success:
+            for sid in sorted(s for s in self._prepared if s <= snap.phase2_id):
+                gid = self._prepared.pop(sid)[0]
+                try:
+                    if self._ctl_conn is None or self._ctl_conn.closed:
+                        self._ctl_conn = connect(self.spec.dsn, self.where, timeout_s=5)
+                        self._ctl_conn.autocommit = True
+                    commit_prepared(self._ctl_conn, gid)
+                    self.context.metrics["transactions_committed"] += 1
+                except Exception:  # noqa: BLE001 - the restore settles it
+                    log.warning("%s: committing %s at close failed; the restore of the job "
+                                "settles it", self.where, gid, exc_info=True)
         super().close()
