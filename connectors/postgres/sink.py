@@ -89,6 +89,14 @@ def open_checked(spec: PostgresSinkSpec, transactional: bool,
         raise
 
 
+def _refused(error: BaseException) -> bool:
+    """Whether ``error`` is the server refusing a statement or a row (not a lost connection,
+    not an error of the sink's own)."""
+    import psycopg
+
+    return isinstance(error, psycopg.Error) and not is_connection_lost(error)
+
+
 class _PostgresSinkBase(Processor):
     """A connection, a row maker, the batch being gathered and the rows of the open
     transaction (written again on a new connection if the old one is lost)."""
@@ -220,8 +228,8 @@ class _PostgresSinkBase(Processor):
         try:
             self._call(lambda conn: self._write_open(conn, rows), "writing a batch")
         except Exception as e:
-            if isinstance(e, PostgresSinkError) or is_connection_lost(e):
-                raise
+            if not _refused(e):
+                raise   # ours, or a connection that did not come back (RestartableError)
             error = self._rows_refused(e, self._open + rows)
             self._fail_open()
             raise error from e
@@ -248,7 +256,7 @@ class _PostgresSinkBase(Processor):
         try:
             self._end_stream()
         except Exception as e:
-            if is_connection_lost(e):
+            if not _refused(e):
                 raise
             error = self._rows_refused(e, self._open)
             self._fail_open()
