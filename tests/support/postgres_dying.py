@@ -27,6 +27,11 @@ def first_committed(snapshot_id: int) -> bool:
     return snapshot_id in _first
 
 
+def armed(point: str) -> bool:
+    """Whether this process is to die at ``point``."""
+    return point == _point
+
+
 def mark_committed() -> None:
     _committed.set()
 
@@ -61,8 +66,8 @@ def dying_sink(table: str, dsn: str):
         def snapshot_commit_finish(self, success):
             sid = self.context.snapshot_id
             mine = success and sid in self._prepared
-            if mine and self.context.global_processor_index == 1 and poll_until(
-                    lambda: first_committed(sid), timeout=2):
+            if (mine and armed("during-commit") and self.context.global_processor_index == 1
+                    and poll_until(lambda: first_committed(sid), timeout=2)):
                 die_at("during-commit")   # processor 0 committed its part, ours is prepared
             done = super().snapshot_commit_finish(success)
             if mine and self.context.global_processor_index == 0:
