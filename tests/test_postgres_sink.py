@@ -118,29 +118,35 @@ def test_upsert_leaves_the_last_row_of_each_key(postgres_database: str) -> None:
 
 
 def test_upsert_under_at_least_once_replays_into_exact_contents(postgres_database: str) -> None:
-    """The job restarts from its snapshot after rows past it were committed: the replayed
-    upserts write the same rows again and the table ends exact."""
+    """The job restarts before its first snapshot, so the source replays every event: the
+    replayed upserts write every row of the first wave again (each row's xmin changes) and
+    the table ends exact."""
     sql(postgres_database, "CREATE TABLE latest (k integer PRIMARY KEY, v integer)")
+
+    def row(e):   # the first 500 events on keys 0..49, the next 500 on keys 50..99
+        return (e[0] % 50 + (50 if e[0] >= 500 else 0), e[1])
     p = Pipeline()
     (p.read_from(Sources.map_journal("in", start="oldest"))
       .write_to(Sinks.postgres("latest", postgres_database, key_columns=["k"],
-                               columns=["k", "v"], value_fn=lambda e: (e[0] % 50, e[1]))))
+                               columns=["k", "v"], value_fn=row)))
+    first = [(k, 450 + k) for k in range(50)]
     with Member(local_parallelism=2) as m:
         src = m.get_map("in")
         src.put_all({i: i for i in range(500)})
         job = m.new_job(p, JobConfig(processing_guarantee="at_least_once",
-                                     snapshot_interval_ms=100))
-        wait_until(lambda: sql(postgres_database, "SELECT count(*) FROM latest")[0][0] == 50
-                   and job.metrics()["postgres-sink-latest"]["rows_written"] >= 500,
-                   what="the first rows", timeout=30)
+                                     snapshot_interval_ms=60_000))
+        wait_until(lambda: rows(postgres_database, "latest") == first,
+                   what="the first wave", timeout=30)
+        versions = sql(postgres_database, "SELECT k, xmin::text FROM latest ORDER BY k")
         job.restart()
         src.put_all({i: i for i in range(500, 1000)})
-        wait_until(lambda: job.metrics()["postgres-sink-latest"]["rows_written"] >= 500,
-                   what="the rows after the restart", timeout=30)
         wait_until(lambda: rows(postgres_database, "latest")
-                   == [(k, 950 + k) for k in range(50)], what="the last value of every key",
-                   timeout=30)
+                   == first + [(50 + k, 950 + k) for k in range(50)],
+                   what="the last value of every key", timeout=30)
+        again = sql(postgres_database, "SELECT k, xmin::text FROM latest WHERE k < 50 "
+                                       "ORDER BY k")
         job.cancel()
+    assert all(a != b for a, b in zip(versions, again)), "the first wave was not replayed"
 
 
 # --- the two phases, driven by hand ----------------------------------------------------------
@@ -238,6 +244,23 @@ def test_complete_waits_for_phase2_then_commits_what_came_after_the_snapshot(
     assert rows(events_table) == [(1, "before"), (2, "after")]
     assert prepared_gids(events_table) == []
     sink.crash()
+
+
+def test_upserts_in_a_prepared_transaction_are_committed_by_the_restore(
+        postgres_database: str) -> None:
+    sql(postgres_database, "CREATE TABLE latest (k integer PRIMARY KEY, v integer)")
+    job = uuid.uuid4().hex[:12]
+    sink = Sinks.postgres("latest", postgres_database, key_columns=["k"], exactly_once=True,
+                          batch_size=4)
+    first = HandDriven(sink, job)
+    first.process([(i % 3, i) for i in range(10)])   # several rows of a key in a batch
+    first.phase1(1)                                  # committed; phase 2 never ran
+    first.crash()
+    again = HandDriven(sink, job, restored_id=1)
+    again.proc.try_process()
+    assert rows(postgres_database, "latest") == [(0, 9), (1, 7), (2, 8)]
+    assert prepared_gids(postgres_database) == []
+    again.crash()
 
 
 # --- the server restarted --------------------------------------------------------------------
