@@ -373,6 +373,20 @@ def test_a_dsn_that_does_not_answer_names_the_connection_error(postgres_database
         Sinks.postgres("events", "host=127.0.0.1 port")
 
 
+def test_a_server_that_does_not_answer_is_retried_then_restarts_the_job() -> None:
+    from jetwake.connectors.postgres.connection import connect
+    from jetwake.engine.core.errors import RestartableError
+    from support.ports import free_port
+
+    port = free_port()   # nothing listens there
+    with pytest.raises(RestartableError) as err:
+        connect(f"postgresql://jetwake@127.0.0.1:{port}/jetwake", "Sinks.postgres('t')",
+                timeout_s=1)
+    text = str(err.value)
+    assert f"connecting to PostgreSQL at 127.0.0.1:{port}" in text
+    assert "Connection refused" in text and "restarting the job" in text
+
+
 def test_key_columns_without_a_unique_key_say_on_conflict_needs_one(events_table: str) -> None:
     text = run_failing(Sinks.postgres("events", events_table, key_columns=["id"]))
     assert "key_columns ['id'] are not a unique key of table 'events'" in text

@@ -104,7 +104,9 @@ def connect(dsn: str, where: str, timeout_s: float = RETRY_TIMEOUT_S) -> Any:
             raise PostgresSinkError(f"{where}: cannot connect to PostgreSQL: {e}".rstrip()
                                     + "; fix the dsn or the server") from None
 
-    return retrying(attempt, "connecting", where, timeout_s)
+    server = f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
+    return retrying(attempt, f"connecting to PostgreSQL at {server} (is it running? is the dsn "
+                    "right?)", where, timeout_s)
 
 
 def _permanent_message(text: str) -> bool:
