@@ -47,11 +47,12 @@ class HandDriven:
         supplier.init(SupplierContext(job_id, "job", VERTEX, total, total, 0, 1, guarantee))
         self.proc = supplier.get(total)[index]
         self.proc.outbox = Outbox(0)
+        self.snap = SnapshotContext(restored_id)
         self.proc.init(ProcessorContext(
             job_id=job_id, job_name="job", vertex_name=VERTEX, global_processor_index=index,
             local_processor_index=index, local_parallelism=total, total_parallelism=total,
             member_index=0, member_count=1, processing_guarantee=guarantee,
-            snapshot=SnapshotContext(restored_id)))
+            snapshot=self.snap))
 
     def process(self, items: list) -> None:
         self.proc.process(0, Inbox(list(items)))
@@ -261,6 +262,54 @@ def test_upserts_in_a_prepared_transaction_are_committed_by_the_restore(
     assert rows(postgres_database, "latest") == [(0, 9), (1, 7), (2, 8)]
     assert prepared_gids(postgres_database) == []
     again.crash()
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_processor_stopped_before_its_phase2_settles_by_the_snapshot_s_verdict(
+        events_table: str, committed: bool) -> None:
+    """A cancel in the middle of a snapshot: the processor closes with a prepared transaction
+    whose phase 2 it never ran; the coordinator's verdict decides, and nothing stays
+    prepared."""
+    sink = HandDriven(eo_sink(events_table), uuid.uuid4().hex[:12])
+    sink.process([(1, "a"), (2, "b")])
+    sink.phase1(1)
+    sink.snap.start_phase2(1, committed)   # announced; the processor stops before running it
+    sink.proc.close()
+    assert prepared_gids(events_table) == []
+    assert rows(events_table) == ([(1, "a"), (2, "b")] if committed else [])
+
+
+def test_a_cancelled_job_leaves_no_prepared_transaction(events_table: str) -> None:
+    import threading
+
+    p = Pipeline()
+    (p.read_from(Sources.map_journal("in", start="oldest"))
+      .rebalance(lambda e: e[0])
+      .write_to(Sinks.postgres("events", events_table, value_fn=lambda e: (e[0], "x"))))
+    with Member(local_parallelism=2) as m:
+        src = m.get_map("in")
+        job = m.new_job(p, JobConfig(processing_guarantee="exactly_once",
+                                     snapshot_interval_ms=20))
+        stop = threading.Event()
+
+        def feed() -> None:   # items flow while snapshots run every 20 ms (the cancel in
+            i = 0             # the middle of one: the test of the verdict above)
+            while not stop.is_set():
+                src.put_all({i + k: i + k for k in range(20)})
+                i += 20
+                stop.wait(0.002)
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        try:
+            wait_until(lambda: job.metrics()["postgres-sink-events"]["transactions_committed"]
+                       >= 4, what="a few snapshots", timeout=30)
+            job.cancel()
+        finally:
+            stop.set()
+            feeder.join(10)
+    assert prepared_gids(events_table) == []
+    ids = [r[0] for r in rows(events_table)]
+    assert len(ids) == len(set(ids)), "a row was written twice"
 
 
 # --- the server restarted --------------------------------------------------------------------

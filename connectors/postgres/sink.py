@@ -44,6 +44,10 @@ __all__ = ["PostgresSinkSpec", "PostgresSinkProcessor", "PostgresExactlyOnceSink
 
 log = logging.getLogger("jetwake.postgres")
 
+CLOSE_VERDICT_WAIT_S = 5.0
+"""How long a processor that closes with a prepared transaction waits for its snapshot's
+verdict (see PostgresExactlyOnceSinkProcessor.close)."""
+
 METRICS = ("rows_written", "batches_written", "transactions_prepared",
            "transactions_committed", "transactions_rolled_back", "reconnects")
 
@@ -431,21 +435,39 @@ class PostgresExactlyOnceSinkProcessor(_PostgresSinkBase):
         return True
 
     def close(self) -> None:
-        """The open transaction ends with the connection (rolled back). A prepared transaction
-        whose snapshot is known to be committed (its phase 2 started with success, but the
-        processor stops before running it: a cancel, a restart) is committed now, as the
-        restore would do; the others stay for the restore of a restarted job to settle."""
+        """The open transaction ends with the connection (rolled back). A transaction prepared
+        for snapshot N whose phase 2 has not run here (the job is cancelled or restarted in
+        the middle of a snapshot) is settled by the snapshot's verdict, which the coordinator
+        announces at once, even to a stopping execution: waited for up to
+        ``CLOSE_VERDICT_WAIT_S``, N committed -> COMMIT PREPARED (what the restore from N
+        would do), N failed -> ROLLBACK PREPARED (the restore from an earlier snapshot would).
+        Without a verdict in time (the coordinator died) it stays for the restore to settle:
+        a cancelled job leaves nothing prepared unless its coordinator dies with it."""
+        import time
+
         snap = self.context.snapshot if hasattr(self, "context") else None
-        if getattr(self, "_prepared", None) and snap is not None and snap.phase2_success:
-            for sid in sorted(s for s in self._prepared if s <= snap.phase2_id):
-                gid = self._prepared.pop(sid)[0]
+        prepared = getattr(self, "_prepared", None)
+        if prepared and snap is not None:
+            last = max(prepared)
+            deadline = time.monotonic() + CLOSE_VERDICT_WAIT_S
+            while snap.phase2_id < last and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for sid in sorted(prepared):
+                if sid != snap.phase2_id:
+                    continue
+                gid = prepared.pop(sid)[0]
+                commit = snap.phase2_success
                 try:
                     if self._ctl_conn is None or self._ctl_conn.closed:
                         self._ctl_conn = connect(self.spec.dsn, self.where, timeout_s=5)
                         self._ctl_conn.autocommit = True
-                    commit_prepared(self._ctl_conn, gid)
-                    self.context.metrics["transactions_committed"] += 1
+                    if commit:
+                        commit_prepared(self._ctl_conn, gid)
+                    else:
+                        rollback_prepared(self._ctl_conn, gid)
+                    self.context.metrics["transactions_committed" if commit
+                                         else "transactions_rolled_back"] += 1
                 except Exception:  # noqa: BLE001 - the restore settles it
-                    log.warning("%s: committing %s at close failed; the restore of the job "
+                    log.warning("%s: settling %s at close failed; the restore of the job "
                                 "settles it", self.where, gid, exc_info=True)
         super().close()
