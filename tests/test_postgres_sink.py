@@ -118,6 +118,28 @@ def test_upsert_leaves_the_last_row_of_each_key(postgres_database: str) -> None:
         [(f"k{k}", 693 + k) for k in range(7)] + [("other", 7)])
 
 
+def test_upsert_of_values_of_mixed_python_types_and_of_other_column_types(
+        postgres_database: str) -> None:
+    """A batch whose column holds ints and floats, or a jsonb column, cannot go over arrays:
+    the rows go one by one (executemany), with the same result."""
+    from psycopg.types.json import Jsonb
+
+    sql(postgres_database, "CREATE TABLE mixed (k integer PRIMARY KEY, x float8)")
+    sql(postgres_database, "CREATE TABLE docs (k integer PRIMARY KEY, doc jsonb)")
+    p = Pipeline()
+    src = p.read_from(Sources.items(list(range(40))))
+    src.write_to(Sinks.postgres("mixed", postgres_database, key_columns=["k"],
+                                value_fn=lambda i: (i % 10, i if i % 2 else i + 0.5)))
+    src.write_to(Sinks.postgres("docs", postgres_database, key_columns=["k"],
+                                value_fn=lambda i: (i % 10, Jsonb({"i": i}))))
+    with Member() as m:
+        m.new_job(p).join()
+    assert rows(postgres_database, "mixed") == [
+        (k, 30 + k if k % 2 else 30 + k + 0.5) for k in range(10)]
+    assert sql(postgres_database, "SELECT k, doc->>'i' FROM docs ORDER BY k") == [
+        (k, str(30 + k)) for k in range(10)]
+
+
 def test_upsert_under_at_least_once_replays_into_exact_contents(postgres_database: str) -> None:
     """The job restarts before its first snapshot, so the source replays every event: the
     replayed upserts write every row of the first wave again (each row's xmin changes) and

@@ -36,7 +36,7 @@ from jetwake.connectors.postgres.prepared_transactions import (
 )
 from jetwake.connectors.postgres.rows import PostgresSinkError, RowMaker
 from jetwake.connectors.postgres.statements import (
-    CopyStream, check_columns, check_unique_key, table_columns, write_batch,
+    CopyStream, array_types, check_columns, check_unique_key, table_columns, write_batch,
 )
 
 __all__ = ["PostgresSinkSpec", "PostgresSinkProcessor", "PostgresExactlyOnceSinkProcessor",
@@ -124,6 +124,10 @@ class _PostgresSinkBase(Processor):
         self.conn, self.columns = open_checked(self.spec, self.transactional,
                                                context.total_parallelism)
         self.rows = RowMaker(self.columns, self.spec.value_fn, self.spec.where)
+        self.types = None   # upserts over arrays when every column's type allows it
+        if self.spec.key_columns:
+            self.types = array_types(self.conn, self.spec.table, self.columns)
+            self.conn.rollback()
 
     # --- the connection -----------------------------------------------------------------------
 
@@ -190,7 +194,8 @@ class _PostgresSinkBase(Processor):
         if not rows:
             return
         if self.spec.key_columns:
-            write_batch(conn, self.spec.table, self.columns, self.spec.key_columns, rows)
+            write_batch(conn, self.spec.table, self.columns, self.spec.key_columns, rows,
+                        self.types)
             return
         if self._stream is None:
             self._stream = CopyStream(conn, self.spec.table, self.columns)
