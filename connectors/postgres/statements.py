@@ -14,7 +14,7 @@ transaction):
   every other column to ``EXCLUDED``'s value. When every column has a plain type (numbers,
   text, booleans, dates and times, uuid: :func:`array_types`), one statement per batch over
   arrays, ``INSERT ... SELECT * FROM unnest(%s::int4[], %s::text[], ...) ON CONFLICT ...``
-  (2.6 times the rows per second of ``executemany``), after keeping only the last row of each
+  (about 2.5 times the rows per second of ``executemany``), after keeping the last row of each
   key in the batch (one statement may not update a row twice; the last row is what applying
   them in order leaves). Otherwise, or when a column's values in a batch are of mixed Python
   types (psycopg dumps a list of one type), ``executemany`` in pipeline mode (one round trip
