@@ -68,7 +68,11 @@ class HandDriven:
         assert self.proc.snapshot_commit_finish(success)
 
     def crash(self) -> None:
-        self.proc.close()   # the server sees the connections go: open transactions roll back
+        """The process dies: its connections drop (the server rolls the open transactions
+        back), and nothing of close() runs."""
+        for conn in (self.proc.conn, self.proc._ctl_conn):
+            if conn is not None:
+                conn.close()
 
     @property
     def metrics(self) -> dict:
