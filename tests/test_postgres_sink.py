@@ -47,11 +47,12 @@ class HandDriven:
         supplier.init(SupplierContext(job_id, "job", VERTEX, total, total, 0, 1, guarantee))
         self.proc = supplier.get(total)[index]
         self.proc.outbox = Outbox(0)
+        self.snap = SnapshotContext(restored_id)
         self.proc.init(ProcessorContext(
             job_id=job_id, job_name="job", vertex_name=VERTEX, global_processor_index=index,
             local_processor_index=index, local_parallelism=total, total_parallelism=total,
             member_index=0, member_count=1, processing_guarantee=guarantee,
-            snapshot=SnapshotContext(restored_id)))
+            snapshot=self.snap))
 
     def process(self, items: list) -> None:
         self.proc.process(0, Inbox(list(items)))
@@ -67,7 +68,11 @@ class HandDriven:
         assert self.proc.snapshot_commit_finish(success)
 
     def crash(self) -> None:
-        self.proc.close()   # the server sees the connections go: open transactions roll back
+        """The process dies: its connections drop (the server rolls the open transactions
+        back), and nothing of close() runs."""
+        for conn in (self.proc.conn, self.proc._ctl_conn):
+            if conn is not None:
+                conn.close()
 
     @property
     def metrics(self) -> dict:
@@ -117,30 +122,58 @@ def test_upsert_leaves_the_last_row_of_each_key(postgres_database: str) -> None:
         [(f"k{k}", 693 + k) for k in range(7)] + [("other", 7)])
 
 
+def test_upsert_of_values_of_mixed_python_types_and_of_other_column_types(
+        postgres_database: str) -> None:
+    """A batch whose column holds ints and floats, or a jsonb column, cannot go over arrays:
+    the rows go one by one (executemany), with the same result."""
+    from psycopg.types.json import Jsonb
+
+    sql(postgres_database, "CREATE TABLE mixed (k integer PRIMARY KEY, x float8)")
+    sql(postgres_database, "CREATE TABLE docs (k integer PRIMARY KEY, doc jsonb)")
+    p = Pipeline()
+    src = p.read_from(Sources.items(list(range(40))))
+    src.write_to(Sinks.postgres("mixed", postgres_database, key_columns=["k"],
+                                value_fn=lambda i: (i % 10, i if i % 2 else i + 0.5)))
+    src.write_to(Sinks.postgres("docs", postgres_database, key_columns=["k"],
+                                value_fn=lambda i: (i % 10, Jsonb({"i": i}))))
+    with Member() as m:
+        m.new_job(p).join()
+    assert rows(postgres_database, "mixed") == [
+        (k, 30 + k if k % 2 else 30 + k + 0.5) for k in range(10)]
+    assert sql(postgres_database, "SELECT k, doc->>'i' FROM docs ORDER BY k") == [
+        (k, str(30 + k)) for k in range(10)]
+
+
 def test_upsert_under_at_least_once_replays_into_exact_contents(postgres_database: str) -> None:
-    """The job restarts from its snapshot after rows past it were committed: the replayed
-    upserts write the same rows again and the table ends exact."""
+    """The job restarts before its first snapshot, so the source replays every event: the
+    replayed upserts write every row of the first wave again (each row's xmin changes) and
+    the table ends exact."""
     sql(postgres_database, "CREATE TABLE latest (k integer PRIMARY KEY, v integer)")
+
+    def row(e):   # the first 500 events on keys 0..49, the next 500 on keys 50..99
+        return (e[0] % 50 + (50 if e[0] >= 500 else 0), e[1])
     p = Pipeline()
     (p.read_from(Sources.map_journal("in", start="oldest"))
       .write_to(Sinks.postgres("latest", postgres_database, key_columns=["k"],
-                               columns=["k", "v"], value_fn=lambda e: (e[0] % 50, e[1]))))
+                               columns=["k", "v"], value_fn=row)))
+    first = [(k, 450 + k) for k in range(50)]
     with Member(local_parallelism=2) as m:
         src = m.get_map("in")
         src.put_all({i: i for i in range(500)})
         job = m.new_job(p, JobConfig(processing_guarantee="at_least_once",
-                                     snapshot_interval_ms=100))
-        wait_until(lambda: sql(postgres_database, "SELECT count(*) FROM latest")[0][0] == 50
-                   and job.metrics()["postgres-sink-latest"]["rows_written"] >= 500,
-                   what="the first rows", timeout=30)
+                                     snapshot_interval_ms=60_000))
+        wait_until(lambda: rows(postgres_database, "latest") == first,
+                   what="the first wave", timeout=30)
+        versions = sql(postgres_database, "SELECT k, xmin::text FROM latest ORDER BY k")
         job.restart()
         src.put_all({i: i for i in range(500, 1000)})
-        wait_until(lambda: job.metrics()["postgres-sink-latest"]["rows_written"] >= 500,
-                   what="the rows after the restart", timeout=30)
         wait_until(lambda: rows(postgres_database, "latest")
-                   == [(k, 950 + k) for k in range(50)], what="the last value of every key",
-                   timeout=30)
+                   == first + [(50 + k, 950 + k) for k in range(50)],
+                   what="the last value of every key", timeout=30)
+        again = sql(postgres_database, "SELECT k, xmin::text FROM latest WHERE k < 50 "
+                                       "ORDER BY k")
         job.cancel()
+    assert all(a != b for a, b in zip(versions, again)), "the first wave was not replayed"
 
 
 # --- the two phases, driven by hand ----------------------------------------------------------
@@ -238,6 +271,71 @@ def test_complete_waits_for_phase2_then_commits_what_came_after_the_snapshot(
     assert rows(events_table) == [(1, "before"), (2, "after")]
     assert prepared_gids(events_table) == []
     sink.crash()
+
+
+def test_upserts_in_a_prepared_transaction_are_committed_by_the_restore(
+        postgres_database: str) -> None:
+    sql(postgres_database, "CREATE TABLE latest (k integer PRIMARY KEY, v integer)")
+    job = uuid.uuid4().hex[:12]
+    sink = Sinks.postgres("latest", postgres_database, key_columns=["k"], exactly_once=True,
+                          batch_size=4)
+    first = HandDriven(sink, job)
+    first.process([(i % 3, i) for i in range(10)])   # several rows of a key in a batch
+    first.phase1(1)                                  # committed; phase 2 never ran
+    first.crash()
+    again = HandDriven(sink, job, restored_id=1)
+    again.proc.try_process()
+    assert rows(postgres_database, "latest") == [(0, 9), (1, 7), (2, 8)]
+    assert prepared_gids(postgres_database) == []
+    again.crash()
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_processor_stopped_before_its_phase2_settles_by_the_snapshot_s_verdict(
+        events_table: str, committed: bool) -> None:
+    """A cancel in the middle of a snapshot: the processor closes with a prepared transaction
+    whose phase 2 it never ran; the coordinator's verdict decides, and nothing stays
+    prepared."""
+    sink = HandDriven(eo_sink(events_table), uuid.uuid4().hex[:12])
+    sink.process([(1, "a"), (2, "b")])
+    sink.phase1(1)
+    sink.snap.start_phase2(1, committed)   # announced; the processor stops before running it
+    sink.proc.close()
+    assert prepared_gids(events_table) == []
+    assert rows(events_table) == ([(1, "a"), (2, "b")] if committed else [])
+
+
+def test_a_cancelled_job_leaves_no_prepared_transaction(events_table: str) -> None:
+    import threading
+
+    p = Pipeline()
+    (p.read_from(Sources.map_journal("in", start="oldest"))
+      .rebalance(lambda e: e[0])
+      .write_to(Sinks.postgres("events", events_table, value_fn=lambda e: (e[0], "x"))))
+    with Member(local_parallelism=2) as m:
+        src = m.get_map("in")
+        job = m.new_job(p, JobConfig(processing_guarantee="exactly_once",
+                                     snapshot_interval_ms=20))
+        stop = threading.Event()
+
+        def feed() -> None:   # items flow while snapshots run every 20 ms (the cancel in
+            i = 0             # the middle of one: the test of the verdict above)
+            while not stop.is_set():
+                src.put_all({i + k: i + k for k in range(20)})
+                i += 20
+                stop.wait(0.002)
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        try:
+            wait_until(lambda: job.metrics()["postgres-sink-events"]["transactions_committed"]
+                       >= 4, what="a few snapshots", timeout=30)
+            job.cancel()
+        finally:
+            stop.set()
+            feeder.join(10)
+    assert prepared_gids(events_table) == []
+    ids = [r[0] for r in rows(events_table)]
+    assert len(ids) == len(set(ids)), "a row was written twice"
 
 
 # --- the server restarted --------------------------------------------------------------------
@@ -348,6 +446,20 @@ def test_a_dsn_that_does_not_answer_names_the_connection_error(postgres_database
     assert "cannot connect to PostgreSQL" in text and "does not exist" in text
     with pytest.raises(PostgresSinkError, match="not a libpq connection string"):
         Sinks.postgres("events", "host=127.0.0.1 port")
+
+
+def test_a_server_that_does_not_answer_is_retried_then_restarts_the_job() -> None:
+    from jetwake.connectors.postgres.connection import connect
+    from jetwake.engine.core.errors import RestartableError
+    from support.ports import free_port
+
+    port = free_port()   # nothing listens there
+    with pytest.raises(RestartableError) as err:
+        connect(f"postgresql://jetwake@127.0.0.1:{port}/jetwake", "Sinks.postgres('t')",
+                timeout_s=1)
+    text = str(err.value)
+    assert f"connecting to PostgreSQL at 127.0.0.1:{port}" in text
+    assert "Connection refused" in text and "restarting the job" in text
 
 
 def test_key_columns_without_a_unique_key_say_on_conflict_needs_one(events_table: str) -> None:

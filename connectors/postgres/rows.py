@@ -68,10 +68,23 @@ class RowMaker:
             f"{self.where}: item {describe_item(item)} gives a {t.__qualname__}, not a row; "
             "pass value_fn=... returning a dict (column -> value) or a tuple in columns order")
 
-    def rows(self, items: Sequence[Any]) -> list[tuple]:
-        """The rows of ``items``, in order."""
-        row = self.row
-        return [row(item) for item in items]
+    def rows(self, items: list[Any]) -> list[Any]:
+        """The rows of ``items``, in order. The common case, every value a tuple of the right
+        length, costs one pass over them; anything else goes through :meth:`row`, which
+        converts a dict or a list and names the item that does not fit."""
+        fn = self.value_fn
+        if fn is None:
+            values = items
+        else:
+            try:
+                values = [fn(item) for item in items]
+            except Exception:
+                return [self.row(item) for item in items]   # names the failing item
+        n = len(self.columns)
+        for v in values:
+            if type(v) is not tuple or len(v) != n:
+                return [self.row(item) for item in items]
+        return values
 
 
 def row_key_fn(value_fn: Callable[[Any], Any] | None, columns: Sequence[str] | None,

@@ -36,13 +36,17 @@ from jetwake.connectors.postgres.prepared_transactions import (
 )
 from jetwake.connectors.postgres.rows import PostgresSinkError, RowMaker
 from jetwake.connectors.postgres.statements import (
-    check_columns, check_unique_key, table_columns, write_batch,
+    CopyStream, array_types, check_columns, check_unique_key, table_columns, write_batch,
 )
 
 __all__ = ["PostgresSinkSpec", "PostgresSinkProcessor", "PostgresExactlyOnceSinkProcessor",
            "open_checked", "METRICS"]
 
 log = logging.getLogger("jetwake.postgres")
+
+CLOSE_VERDICT_WAIT_S = 5.0
+"""How long a processor that closes with a prepared transaction waits for its snapshot's
+verdict (see PostgresExactlyOnceSinkProcessor.close)."""
 
 METRICS = ("rows_written", "batches_written", "transactions_prepared",
            "transactions_committed", "transactions_rolled_back", "reconnects")
@@ -89,6 +93,14 @@ def open_checked(spec: PostgresSinkSpec, transactional: bool,
         raise
 
 
+def _refused(error: BaseException) -> bool:
+    """Whether ``error`` is the server refusing a statement or a row (not a lost connection,
+    not an error of the sink's own)."""
+    import psycopg
+
+    return isinstance(error, psycopg.Error) and not is_connection_lost(error)
+
+
 class _PostgresSinkBase(Processor):
     """A connection, a row maker, the batch being gathered and the rows of the open
     transaction (written again on a new connection if the old one is lost)."""
@@ -112,6 +124,10 @@ class _PostgresSinkBase(Processor):
         self.conn, self.columns = open_checked(self.spec, self.transactional,
                                                context.total_parallelism)
         self.rows = RowMaker(self.columns, self.spec.value_fn, self.spec.where)
+        self.types = None   # upserts over arrays when every column's type allows it
+        if self.spec.key_columns:
+            self.types = array_types(self.conn, self.spec.table, self.columns)
+            self.conn.rollback()
 
     # --- the connection -----------------------------------------------------------------------
 
@@ -162,17 +178,53 @@ class _PostgresSinkBase(Processor):
                 raise
         return retrying(attempt, what, self.where)
 
+    _open_conn: Any = None      # the connection whose transaction holds self._open
+    _stream: CopyStream | None = None   # the open transaction's COPY (insert mode)
+
     def _write_open(self, conn: Any, rows: Sequence[tuple]) -> None:
         """Writes ``rows`` in the open transaction; on a new connection (the old one was lost
         with its transaction) the open transaction's earlier rows first."""
         if conn is not self._open_conn:
-            if self._open:
-                write_batch(conn, self.spec.table, self.columns, self.spec.key_columns,
-                            self._open)
+            self._stream = None
             self._open_conn = conn
-        write_batch(conn, self.spec.table, self.columns, self.spec.key_columns, rows)
+            self._put(conn, self._open)
+        self._put(conn, rows)
 
-    _open_conn: Any = None
+    def _put(self, conn: Any, rows: Sequence[tuple]) -> None:
+        if not rows:
+            return
+        if self.spec.key_columns:
+            write_batch(conn, self.spec.table, self.columns, self.spec.key_columns, rows,
+                        self.types)
+            return
+        if self._stream is None:
+            self._stream = CopyStream(conn, self.spec.table, self.columns)
+        self._stream.write(rows)
+
+    def _end_stream(self) -> None:
+        """Ends the open transaction's COPY, before another statement on its connection."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.finish()
+
+    def _forget_open(self) -> None:
+        """The open transaction ended (committed, prepared or lost)."""
+        self._open, self._open_conn, self._stream = [], None, None
+
+    def _rows_refused(self, error: Exception, rows: Sequence[tuple]) -> PostgresSinkError:
+        """The server refused a row: an error naming the table, the row (from the COPY's line
+        number when there is one) and the fix."""
+        import re
+
+        context = getattr(getattr(error, "diag", None), "context", None) or ""
+        found = re.search(r"line (\d+)", context)
+        row = rows[int(found.group(1)) - 1] if found and int(found.group(1)) <= len(rows) \
+            else rows[0] if rows else None
+        which = "the row" if found else "a row of the batch starting with"
+        return PostgresSinkError(
+            f"{self.where}: table {self.spec.table!r} refused {which} {row!r} (columns "
+            f"{list(self.columns)}): {type(error).__name__}: {str(error).strip()}; make "
+            "value_fn give values that fit the table's types and constraints")
 
     def _send_batch(self) -> None:
         """Sends the gathered rows in the open transaction, ``batch_size`` at a time."""
@@ -185,16 +237,40 @@ class _PostgresSinkBase(Processor):
         try:
             self._call(lambda conn: self._write_open(conn, rows), "writing a batch")
         except Exception as e:
-            if isinstance(e, PostgresSinkError) or is_connection_lost(e):
-                raise
-            self._open_conn = None  # the transaction failed: it is rolled back
-            raise PostgresSinkError(
-                f"{self.where}: writing {len(rows)} row(s) into table {self.spec.table!r} "
-                f"failed: {type(e).__name__}: {e}".rstrip() + "; the first row was "
-                f"{rows[0]!r} (columns {list(self.columns)}); make value_fn give values "
-                "that fit the table's types and constraints") from e
+            if not _refused(e):
+                raise   # ours, or a connection that did not come back (RestartableError)
+            error = self._rows_refused(e, self._open + rows)
+            self._fail_open()
+            raise error from e
         self._open.extend(rows)
         self.context.metrics["batches_written"] += 1
+
+    def _fail_open(self) -> None:
+        """Rolls the open transaction back (a statement of it failed, or its rows go into
+        another one)."""
+        stream = self._stream
+        self._forget_open()
+        if self.conn is not None and not self.conn.closed:
+            try:
+                if stream is not None:
+                    stream.abort()
+                self.conn.rollback()
+            except Exception:  # noqa: BLE001 - the job fails with the first error
+                log.debug("rollback after a failure failed", exc_info=True)
+
+    def _end_open(self, conn: Any, finish: Callable[[Any], None]) -> None:
+        """Ends the open transaction on ``conn`` with ``finish`` (commit, prepare): the open
+        rows again first on a new connection, the COPY ended, rows the server refuses named."""
+        self._write_open(conn, [])
+        try:
+            self._end_stream()
+        except Exception as e:
+            if not _refused(e):
+                raise
+            error = self._rows_refused(e, self._open)
+            self._fail_open()
+            raise error from e
+        finish(conn)
 
     def _receive(self, inbox: Inbox) -> None:
         self._batch.extend(self.rows.rows(inbox.drain()))
@@ -207,13 +283,10 @@ class _PostgresSinkBase(Processor):
         if not self._open:
             return
 
-        def commit(conn: Any) -> None:
-            self._write_open(conn, [])   # a new connection: the open rows again
-            conn.commit()
-        self._call(commit, "committing")
+        self._call(lambda conn: self._end_open(conn, lambda c: c.commit()), "committing")
         self.context.metrics["rows_written"] += len(self._open)
         self.context.metrics["transactions_committed"] += 1
-        self._open, self._open_conn = [], None
+        self._forget_open()
 
     def close(self) -> None:
         for name in ("conn", "_ctl_conn"):
@@ -331,11 +404,10 @@ class PostgresExactlyOnceSinkProcessor(_PostgresSinkBase):
                     p.gid == gid for p in list_prepared(c, self.context.job_id,
                                                         self.context.vertex_name)), "listing"):
                 return  # prepared before the connection was lost
-            self._write_open(conn, [])
-            prepare(conn, gid)
+            self._end_open(conn, lambda c: prepare(c, gid))
         self._call(do_prepare, f"preparing {gid}")
         self._prepared[sid] = (gid, self._open)
-        self._open, self._open_conn = [], None
+        self._forget_open()
         self.context.metrics["transactions_prepared"] += 1
         return True
 
@@ -355,9 +427,7 @@ class PostgresExactlyOnceSinkProcessor(_PostgresSinkBase):
                 self._control(lambda conn: rollback_prepared(conn, gid), f"rolling back {gid}")
                 self.context.metrics["transactions_rolled_back"] += 1
                 self._batch[:0] = rows + self._open
-                self._open, self._open_conn = [], None
-                if self.conn is not None and not self.conn.closed:
-                    self.conn.rollback()
+                self._fail_open()
         return True
 
     def complete(self) -> bool:
@@ -370,6 +440,39 @@ class PostgresExactlyOnceSinkProcessor(_PostgresSinkBase):
         return True
 
     def close(self) -> None:
-        """The open transaction ends with the connection (rolled back). Prepared ones stay for
-        the restore of a restarted job to settle."""
+        """The open transaction ends with the connection (rolled back). A transaction prepared
+        for snapshot N whose phase 2 has not run here (the job is cancelled or restarted in
+        the middle of a snapshot) is settled by the snapshot's verdict, which the coordinator
+        announces at once, even to a stopping execution: waited for up to
+        ``CLOSE_VERDICT_WAIT_S``, N committed -> COMMIT PREPARED (what the restore from N
+        would do), N failed -> ROLLBACK PREPARED (the restore from an earlier snapshot would).
+        Without a verdict in time (the coordinator died) it stays for the restore to settle:
+        a cancelled job leaves nothing prepared unless its coordinator dies with it."""
+        import time
+
+        snap = self.context.snapshot if hasattr(self, "context") else None
+        prepared = getattr(self, "_prepared", None)
+        if prepared and snap is not None:
+            last = max(prepared)
+            deadline = time.monotonic() + CLOSE_VERDICT_WAIT_S
+            while snap.phase2_id < last and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for sid in sorted(prepared):
+                if sid != snap.phase2_id:
+                    continue
+                gid = prepared.pop(sid)[0]
+                commit = snap.phase2_success
+                try:
+                    if self._ctl_conn is None or self._ctl_conn.closed:
+                        self._ctl_conn = connect(self.spec.dsn, self.where, timeout_s=5)
+                        self._ctl_conn.autocommit = True
+                    if commit:
+                        commit_prepared(self._ctl_conn, gid)
+                    else:
+                        rollback_prepared(self._ctl_conn, gid)
+                    self.context.metrics["transactions_committed" if commit
+                                         else "transactions_rolled_back"] += 1
+                except Exception:  # noqa: BLE001 - the restore settles it
+                    log.warning("%s: settling %s at close failed; the restore of the job "
+                                "settles it", self.where, gid, exc_info=True)
         super().close()

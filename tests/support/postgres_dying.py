@@ -16,6 +16,22 @@ _lock = threading.Lock()
 _committed = threading.Event()  # a snapshot's phase 2 ran: a kill now leaves a snapshot
 
 
+_first: set = set()   # snapshots whose part processor 0 committed
+
+
+def note_first_committed(snapshot_id: int) -> None:
+    _first.add(snapshot_id)
+
+
+def first_committed(snapshot_id: int) -> bool:
+    return snapshot_id in _first
+
+
+def armed(point: str) -> bool:
+    """Whether this process is to die at ``point``."""
+    return point == _point
+
+
 def mark_committed() -> None:
     _committed.set()
 
@@ -32,7 +48,6 @@ def die_at(point: str) -> None:
 def dying_sink(table: str, dsn: str):
     """Sinks.postgres whose exactly-once processors call die_at() at their points."""
     from jetwake import Sinks
-    from jetwake.connectors.postgres.prepared_transactions import list_prepared, make_gid
     from support.waiting import poll_until
     from jetwake.connectors.postgres.sink import PostgresExactlyOnceSinkProcessor
 
@@ -50,17 +65,13 @@ def dying_sink(table: str, dsn: str):
 
         def snapshot_commit_finish(self, success):
             sid = self.context.snapshot_id
-            if success and sid in self._prepared and self.context.global_processor_index == 1:
-                # processor 0's part of this snapshot: once it is committed, die before ours
-                other = make_gid(self.context.job_id, self.context.vertex_name, 0, sid)
-
-                def prepared() -> set:
-                    return self._control(lambda c: {p.gid for p in list_prepared(
-                        c, self.context.job_id, self.context.vertex_name)}, "listing")
-                if other in prepared():
-                    poll_until(lambda: other not in prepared(), timeout=10)
-                    die_at("during-commit")
+            mine = success and sid in self._prepared
+            if (mine and armed("during-commit") and self.context.global_processor_index == 1
+                    and poll_until(lambda: first_committed(sid), timeout=2)):
+                die_at("during-commit")   # processor 0 committed its part, ours is prepared
             done = super().snapshot_commit_finish(success)
+            if mine and self.context.global_processor_index == 0:
+                note_first_committed(sid)
             mark_committed()
             return done
 
