@@ -6,15 +6,15 @@ every running sum exactly once; once the job has ended no prepared transaction i
 from __future__ import annotations
 
 import signal
-import textwrap
-import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from support.cluster_processes import ClusterProcesses
-from support.cluster_sums import job_status, new_topic, produce_events, running_sums
+from support.cluster_sums import (
+    job_status, new_topic, produce_events, rolling_sums_job, running_sums,
+)
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.postgres,
@@ -30,18 +30,8 @@ def cluster(tmp_path: Path, kafka_bootstrap: str):
 
 def sums_to_postgres_job(tmp: Path, bootstrap: str, source: str, dsn: str) -> Path:
     """A job file: Kafka ``source`` -> rolling sum per key -> the table ``sums`` (k, total)."""
-    src = tmp / f"pg_sums_{uuid.uuid4().hex[:6]}.py"
-    src.write_text(textwrap.dedent(f"""
-        from jetwake import AggregateOperations, Pipeline, Sinks, Sources
-        props = {{"bootstrap.servers": {bootstrap!r}}}
-        pipeline = Pipeline()
-        (pipeline.read_from(Sources.kafka({source!r}, props, key_deserializer="str",
-                                          value_deserializer="json"))
-            .group_by(lambda kv: kv[0])
-            .rolling_aggregate(AggregateOperations.summing(lambda kv: kv[1]))
-            .write_to(Sinks.postgres("sums", {dsn!r}, batch_size=100)))
-    """))
-    return src
+    return rolling_sums_job(tmp, bootstrap, source,
+                            f"Sinks.postgres('sums', {dsn!r}, batch_size=100)")
 
 
 def table_rows(dsn: str) -> list[tuple[str, int]]:

@@ -4,34 +4,20 @@ key's partition answer the same through every member's Client, and while a membe
 
 from __future__ import annotations
 
-import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
 
 from jetwake import StateQueryError, StateUnavailableError
 from support.cluster_processes import ClusterProcesses
-from support.cluster_sums import new_topic, produce_events
+from support.cluster_sums import new_topic, produce_events, rolling_sums_job
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.faults]
 
 
 def _totals_job(tmp: Path, bootstrap: str, source: str) -> Path:
-    src = tmp / f"totals_{uuid.uuid4().hex[:6]}.py"
-    src.write_text(textwrap.dedent(f"""
-        from jetwake import AggregateOperations, Pipeline, Sinks, Sources
-        props = {{"bootstrap.servers": {bootstrap!r}}}
-        pipeline = Pipeline()
-        (pipeline.read_from(Sources.kafka({source!r}, props, key_deserializer="str",
-                                          value_deserializer="json"))
-            .group_by(lambda kv: kv[0])
-            .rolling_aggregate(AggregateOperations.summing(lambda kv: kv[1]))
-            .set_name("totals")
-            .write_to(Sinks.noop()))
-    """))
-    return src
+    return rolling_sums_job(tmp, bootstrap, source, "Sinks.noop()", stage="totals")
 
 
 def _sums(events: list[tuple[str, int]]) -> dict[str, int]:

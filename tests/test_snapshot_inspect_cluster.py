@@ -7,14 +7,12 @@ returns at once."""
 from __future__ import annotations
 
 import json
-import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
 
 from support.cluster_processes import ClusterProcesses
-from support.cluster_sums import new_topic, produce_events
+from support.cluster_sums import new_topic, produce_events, rolling_sums_job
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -23,19 +21,8 @@ PARTITIONS = 3
 
 
 def job_file(tmp: Path, bootstrap: str, source: str, stage: str) -> Path:
-    src = tmp / f"totals_{uuid.uuid4().hex[:6]}.py"
-    src.write_text(textwrap.dedent(f"""
-        from jetwake import AggregateOperations, Pipeline, Sinks, Sources
-        props = {{"bootstrap.servers": {bootstrap!r}}}
-        pipeline = Pipeline()
-        (pipeline.read_from(Sources.kafka({source!r}, props, key_deserializer="str",
-                                          value_deserializer="json")).set_name("events")
-            .group_by(lambda kv: kv[0])
-            .rolling_aggregate(AggregateOperations.summing(lambda kv: kv[1]))
-            .set_name({stage!r})
-            .write_to(Sinks.noop()))
-    """))
-    return src
+    return rolling_sums_job(tmp, bootstrap, source, "Sinks.noop()", stage=stage,
+                            source_stage="events")
 
 
 def test_inspect_and_dry_run_on_a_cluster(tmp_path: Path, kafka_bootstrap: str) -> None:

@@ -25,17 +25,28 @@ def new_topic(bootstrap: str, partitions: int = 3) -> str:
 
 def sums_job_file(tmp: Path, bootstrap: str, source: str, sink: str) -> Path:
     """A job file (``jetwake submit FILE``): ``source`` -> rolling sum per key -> ``sink``."""
+    return rolling_sums_job(tmp, bootstrap, source, f"Sinks.kafka({sink!r}, props, "
+                            "value_serializer='json', key_serializer='str')")
+
+
+def rolling_sums_job(tmp: Path, bootstrap: str, source: str, sink_expression: str, *,
+                     stage: str | None = None, source_stage: str | None = None) -> Path:
+    """A job file: the Kafka topic ``source`` (str keys, JSON values) -> a rolling sum per
+    key, named ``stage`` when given -> the sink ``sink_expression`` (Python source, e.g.
+    ``"Sinks.noop()"``; ``props`` holds the bootstrap servers). ``source_stage`` names the
+    source stage."""
     src = tmp / f"sums_{uuid.uuid4().hex[:6]}.py"
+    source_name = f".set_name({source_stage!r})" if source_stage else ""
+    stage_name = f".set_name({stage!r})" if stage else ""
     src.write_text(textwrap.dedent(f"""
         from jetwake import AggregateOperations, Pipeline, Sinks, Sources
         props = {{"bootstrap.servers": {bootstrap!r}}}
         pipeline = Pipeline()
         (pipeline.read_from(Sources.kafka({source!r}, props, key_deserializer="str",
-                                          value_deserializer="json"))
+                                          value_deserializer="json")){source_name}
             .group_by(lambda kv: kv[0])
-            .rolling_aggregate(AggregateOperations.summing(lambda kv: kv[1]))
-            .write_to(Sinks.kafka({sink!r}, props, value_serializer="json",
-                                  key_serializer="str")))
+            .rolling_aggregate(AggregateOperations.summing(lambda kv: kv[1])){stage_name}
+            .write_to({sink_expression}))
     """))
     return src
 
