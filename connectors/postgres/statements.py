@@ -124,19 +124,25 @@ def copy_statement(table: str, columns: Sequence[str]) -> Any:
         table_identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)))
 
 
+def _on_conflict_action(columns: Sequence[str], key_columns: Sequence[str]) -> Any:
+    """What an upsert does with a row whose key is there: ``DO UPDATE SET c = EXCLUDED.c``
+    for every column not in the key, ``DO NOTHING`` when every column is in the key."""
+    from psycopg import sql
+
+    rest = [c for c in columns if c not in key_columns]
+    if not rest:
+        return sql.SQL("DO NOTHING")
+    return sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+        sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
+        for c in rest))
+
+
 def upsert_statement(table: str, columns: Sequence[str], key_columns: Sequence[str]) -> Any:
     """``INSERT ... ON CONFLICT (key_columns) DO UPDATE SET c = EXCLUDED.c`` for every column
     not in the key (``DO NOTHING`` when every column is in the key)."""
     from psycopg import sql
 
-    rest = [c for c in columns if c not in key_columns]
-    action: Any
-    if rest:
-        action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-            sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
-            for c in rest))
-    else:
-        action = sql.SQL("DO NOTHING")
+    action = _on_conflict_action(columns, key_columns)
     return sql.SQL("{} ON CONFLICT ({}) {}").format(
         insert_statement(table, columns), sql.SQL(", ").join(map(sql.Identifier, key_columns)),
         action)
@@ -169,14 +175,7 @@ def unnest_upsert_statement(table: str, columns: Sequence[str], key_columns: Seq
     one array per column. ``types`` come from the catalog (:func:`array_types`)."""
     from psycopg import sql
 
-    rest = [c for c in columns if c not in key_columns]
-    action: Any
-    if rest:
-        action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-            sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
-            for c in rest))
-    else:
-        action = sql.SQL("DO NOTHING")
+    action = _on_conflict_action(columns, key_columns)
     arrays = sql.SQL(", ").join(sql.SQL("%s::" + t + "[]") for t in types)
     return sql.SQL("INSERT INTO {} ({}) SELECT * FROM unnest({}) ON CONFLICT ({}) {}").format(
         table_identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)), arrays,
