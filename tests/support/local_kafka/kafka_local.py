@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -42,12 +41,20 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+
+# These scripts are run by path and loaded by path (spec_from_file_location), never as part of a
+# package, so the sibling module is found through sys.path: the folder tests/support goes on it
+# (once, only if absent) and `import local_processes` then gives every loader the same module,
+# which a plain import is the least surprising way to do.
+_SUPPORT = str(Path(__file__).resolve().parent.parent)
+if _SUPPORT not in sys.path:
+    sys.path.append(_SUPPORT)
+import local_processes as _lp  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent.parent
@@ -88,49 +95,20 @@ def bootstrap_for(port: int, nodes: int = 1, host: str = HOST) -> str:
     return ",".join(f"{host}:{port + i}" for i in range(nodes))
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    """Exclusive inter-process lock (two `up`s or pytest workers racing on one port / fetch)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+_file_lock = _lp.file_lock
 
 
 # --------------------------------------------------------------------------------------------
 # ports
 # --------------------------------------------------------------------------------------------
 
-def port_in_use(port: int, host: str = HOST) -> bool:
-    """True when something accepts TCP connections on host:port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
-
-
-def _can_bind(port: int, host: str = HOST) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
+port_in_use = _lp.port_in_use
+_can_bind = _lp.can_bind
 
 
 def free_port(count: int = 1, avoid: set[int] | None = None) -> int:
     """A loopback port P such that P .. P+count-1 are all currently free."""
-    avoid = avoid or set()
-    for _ in range(200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
-            base = s.getsockname()[1]
-        span = range(base, base + count)
-        if base + count < 65536 and not (avoid & set(span)) and all(_can_bind(p) for p in span):
-            return base
-    raise KafkaLocalError(f"could not find {count} consecutive free loopback port(s)")
+    return _lp.free_port(count, avoid, error=KafkaLocalError)
 
 
 # --------------------------------------------------------------------------------------------
@@ -306,29 +284,8 @@ def _server_properties(node_id: int, port: int, controller_port: int, voters: st
 # --------------------------------------------------------------------------------------------
 
 def _pid_alive(pid: int) -> bool:
-    try:  # reap it if it is our own (exited) child, so it does not linger as a zombie
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        # an exited process whose parent does not reap it (e.g. a container's init) is a zombie
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rpartition(")")[2].split()[0] in ("Z", "X"):
-            return False
-        # guard against a recycled pid: it must still be a Kafka JVM. The cmdline reads empty
-        # for a moment while the process is still inside execve(), so empty counts as ours.
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        return not cmdline or b"kafka.Kafka" in cmdline
-    except OSError:
-        return True
+    # a recycled pid is not ours: it must still be a Kafka JVM
+    return _lp.pid_alive(pid, b"kafka.Kafka", permission_means_alive=True)
 
 
 def _read_state(port: int) -> dict | None:
@@ -348,37 +305,17 @@ def _alive_pids(port: int) -> list[int]:
 
 
 def _log_tail(path: Path, lines: int = 40) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return f"(no log at {path})"
-    return "\n".join(text[-lines:])
+    return _lp.log_tail(path, lines)
 
 
 def _run_checked(cmd: list[str], what: str, log: Path) -> None:
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    with open(log, "a") as fh:
-        fh.write(proc.stdout)
-    if proc.returncode != 0:
-        raise KafkaLocalError(f"{what} failed (exit {proc.returncode}):\n"
-                              + "\n".join(proc.stdout.splitlines()[-30:]))
+    _lp.run_checked(cmd, what, log, KafkaLocalError)
 
 
 def _terminate(pids: list[int], timeout: float = STOP_TIMEOUT) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
-        time.sleep(0.2)
-    for pid in pids:
-        if _pid_alive(pid):
-            _log(f"pid {pid} ignored SIGTERM for {timeout:.0f}s, sending SIGKILL")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
-        time.sleep(0.1)
+    """SIGTERM, then SIGKILL to the pids that ignored it."""
+    _lp.terminate(pids, [(signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)], _pid_alive, _log,
+                  poll=0.1)
 
 
 # --------------------------------------------------------------------------------------------

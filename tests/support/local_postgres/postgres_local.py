@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import pwd
@@ -49,6 +48,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+# These scripts are run by path and loaded by path (spec_from_file_location), never as part of a
+# package, so the sibling module is found through sys.path: the folder tests/support goes on it
+# (once, only if absent) and `import local_processes` then gives every loader the same module,
+# which a plain import is the least surprising way to do.
+_SUPPORT = str(Path(__file__).resolve().parent.parent)
+if _SUPPORT not in sys.path:
+    sys.path.append(_SUPPORT)
+import local_processes as _lp  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent.parent
@@ -97,16 +105,7 @@ def socket_dir(port: int) -> str:
     return str(folder) if len(f"{folder}/.s.PGSQL.{port}") <= _SOCKET_PATH_MAX else ""
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    """Exclusive inter-process lock (two `up`s, or an `up` and a `down`, racing on one port)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+_file_lock = _lp.file_lock
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,27 +211,13 @@ def _child_env(account: pwd.struct_passwd | None) -> dict[str, str]:
 # ports and processes
 # --------------------------------------------------------------------------------------------
 
-def port_in_use(port: int, host: str = HOST) -> bool:
-    """True when something accepts TCP connections on host:port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
-
-
-def _can_bind(port: int, host: str = HOST) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
+port_in_use = _lp.port_in_use
+_can_bind = _lp.can_bind
 
 
 def free_port() -> int:
     """A loopback port nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    return _lp.free_port(error=PostgresLocalError)
 
 
 def speaks_postgres(port: int, host: str = HOST, timeout: float = 1.0) -> bool:
@@ -248,27 +233,8 @@ def speaks_postgres(port: int, host: str = HOST, timeout: float = 1.0) -> bool:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:  # reap it if it is our own (exited) child, so it does not linger as a zombie
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-        if status.rpartition(")")[2].split()[0] in ("Z", "X"):
-            return False
-        # a recycled pid is not ours: it must still be a postgres (empty while in execve)
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        return not cmdline or b"postgres" in cmdline
-    except OSError:
-        return True
+    # a recycled pid is not ours: it must still be a postgres
+    return _lp.pid_alive(pid, b"postgres")
 
 
 def _read_state(port: int) -> dict | None:
@@ -284,26 +250,14 @@ def _alive_pid(state: dict | None) -> int | None:
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return f"(no log at {path})"
-    return "\n".join(text[-lines:])
+    return _lp.log_tail(path, lines)
 
 
 def _terminate(pid: int, timeout: float = STOP_TIMEOUT) -> None:
     """PostgreSQL's fast shutdown (SIGINT: clients disconnected, transactions rolled back, a
     checkpoint), then its immediate shutdown (SIGQUIT), then SIGKILL."""
-    for sig, wait in ((signal.SIGINT, timeout), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not _pid_alive(pid):
-                return
-            time.sleep(0.05)
-        if sig != signal.SIGKILL:
-            _log(f"pid {pid} did not stop on {sig.name} within {wait:.0f}s")
+    _lp.terminate(pid, [(signal.SIGINT, timeout), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 10.0)],
+                  _pid_alive, _log)
 
 
 def _rmtree(path: Path) -> None:
@@ -343,14 +297,8 @@ host  all all {HOST}/32 trust
 
 
 def _run_checked(cmd: list[str], what: str, log: Path, **kwargs) -> str:
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          stdin=subprocess.DEVNULL, **kwargs)
-    with open(log, "a") as fh:
-        fh.write(f"$ {' '.join(cmd)}\n{proc.stdout}")
-    if proc.returncode != 0:
-        raise PostgresLocalError(f"{what} failed (exit {proc.returncode}):\n"
-                                 + "\n".join(proc.stdout.splitlines()[-30:]))
-    return proc.stdout
+    return _lp.run_checked(cmd, what, log, PostgresLocalError, echo_command=True,
+                           stdin=subprocess.DEVNULL, **kwargs)
 
 
 def _psql(folder: Path, port: int, sql: str, dbname: str = "postgres",
