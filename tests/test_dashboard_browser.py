@@ -12,6 +12,8 @@ Each test saves a screenshot of its page in its temporary folder; with
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -239,6 +241,31 @@ def test_the_cluster_and_snapshots_pages_and_a_404_page(browser, member, tmp_pat
     screenshot(browser, tmp_path, "not-found")
 
 
+@contextlib.contextmanager
+def job_page(browser, member, tmp_path, name: str, job_py: str, *submit_args: str):
+    """Submits the job file ``job_py`` as ``name`` to ``member``, opens its page in
+    ``browser``, and cancels the job when done; yields the job's description."""
+    path = tmp_path / f"{name}_job.py"
+    path.write_text(job_py)
+    r = member.cli("submit", str(path), "--name", name, *submit_args, "--json")
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    job = json.loads(r.stdout)
+    try:
+        browser.get(f"{member.base}/jobs/{job['id']}")
+        yield job
+    finally:
+        member.cli("cancel", job["id"])
+
+
+def row_cells(browser, selector: str) -> list[str] | None:
+    """The texts of the cells ``selector`` finds, or None while there are none (or the
+    page is redrawing them)."""
+    try:
+        return [c.text for c in browser.find_elements(By.CSS_SELECTOR, selector)] or None
+    except StaleElementReferenceException:
+        return None
+
+
 SERVICE_JOB_PY = '''
 import asyncio
 from jetwake import Pipeline, ServiceFactory, Sinks, TestSources
@@ -255,31 +282,15 @@ pipeline = Pipeline()
 
 
 def test_the_job_page_shows_service_calls_with_latency_percentiles(browser, member, tmp_path):
-    import json
-    path = tmp_path / "service_job.py"
-    path.write_text(SERVICE_JOB_PY)
-    r = member.cli("submit", str(path), "--name", "services", "--json")
-    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
-    job = json.loads(r.stdout)
-    try:
-        browser.get(f"{member.base}/jobs/{job['id']}")
-
-        def cells() -> list[str] | None:
-            try:
-                found = browser.find_elements(By.CSS_SELECTOR,
-                                              '#service-calls tr[data-vertex="enrich"] td')
-                return [c.text for c in found] or None
-            except StaleElementReferenceException:
-                return None
+    with job_page(browser, member, tmp_path, "services", SERVICE_JOB_PY):
         # vertex, calls, in flight, retries, failures, latency p50, p95, p99
-        row = wait_until(lambda: (c := cells()) and c[5].endswith(" ms") and c,
-                         what="the service calls row with its percentiles", timeout=20,
-                         interval=0.1)
+        selector = '#service-calls tr[data-vertex="enrich"] td'
+        row = wait_until(lambda: (c := row_cells(browser, selector)) and c[5].endswith(" ms")
+                         and c, what="the service calls row with its percentiles",
+                         timeout=20, interval=0.1)
         assert row[0] == "enrich" and int(row[1].replace(",", "")) > 0
         assert 30 <= int(row[5].split()[0]) <= int(row[7].split()[0])
         screenshot(browser, tmp_path, "service-calls")
-    finally:
-        member.cli("cancel", job["id"])
 
 
 JOIN_JOB_PY = '''
@@ -295,32 +306,16 @@ right = pipeline.read_from(TestSources.item_stream(200, lambda ts, seq: (seq % 1
 
 
 def test_the_job_page_shows_the_join_state_of_a_join_of_two_streams(browser, member, tmp_path):
-    import json
-    path = tmp_path / "join_job.py"
-    path.write_text(JOIN_JOB_PY)
-    r = member.cli("submit", str(path), "--name", "joins", "--json")
-    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
-    job = json.loads(r.stdout)
-    try:
-        browser.get(f"{member.base}/jobs/{job['id']}")
-
-        def cells() -> list[str] | None:
-            try:
-                found = browser.find_elements(By.CSS_SELECTOR,
-                                              '#join-state tr[data-vertex="clicks-views"] td')
-                return [c.text for c in found] or None
-            except StaleElementReferenceException:
-                return None
+    with job_page(browser, member, tmp_path, "joins", JOIN_JOB_PY):
         # vertex, table entries, hits, misses, updates, deletes, join state entries, pairs,
         # evicted: the pairs and the evicted entries grow as the watermark moves on
-        row = wait_until(lambda: (c := cells()) and c[7] not in ("–", "0")
+        selector = '#join-state tr[data-vertex="clicks-views"] td'
+        row = wait_until(lambda: (c := row_cells(browser, selector)) and c[7] not in ("–", "0")
                          and c[8] not in ("–", "0") and c, timeout=20, interval=0.1,
                          what="the join's row with pairs and evicted entries")
         assert row[0] == "clicks-views" and row[1] == "–"  # no table in this stage
         assert int(row[6].replace(",", "")) >= 0
         screenshot(browser, tmp_path, "join-state")
-    finally:
-        member.cli("cancel", job["id"])
 
 
 STATE_JOB_PY = '''
@@ -335,26 +330,12 @@ pipeline = Pipeline()
 
 
 def test_the_job_page_lists_the_stateful_stages_and_looks_a_key_up(browser, member, tmp_path):
-    import json
-    path = tmp_path / "state_job.py"
-    path.write_text(STATE_JOB_PY)
-    r = member.cli("submit", str(path), "--name", "visits", "--guarantee", "exactly_once",
-                   "--snapshot-interval", "200", "--json")
-    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
-    job = json.loads(r.stdout)
-    try:
-        browser.get(f"{member.base}/jobs/{job['id']}")
-
-        def cells() -> list[str] | None:
-            try:
-                found = browser.find_elements(By.CSS_SELECTOR,
-                                              '#state-stages tr[data-stage="visits"] td')
-                return [c.text for c in found] or None
-            except StaleElementReferenceException:
-                return None
+    with job_page(browser, member, tmp_path, "visits", STATE_JOB_PY, "--guarantee",
+                  "exactly_once", "--snapshot-interval", "200"):
         # stage, kind, keys, bytes, snapshot: five keys once a snapshot has committed
-        row = wait_until(lambda: (c := cells()) and c[2] == "5" and c, timeout=30,
-                         interval=0.1, what="the visits stage with its 5 keys")
+        selector = '#state-stages tr[data-stage="visits"] td'
+        row = wait_until(lambda: (c := row_cells(browser, selector)) and c[2] == "5" and c,
+                         timeout=30, interval=0.1, what="the visits stage with its 5 keys")
         assert row[1] == "rolling_aggregate" and row[4].startswith("#")
         field = browser.find_element(By.CSS_SELECTOR, "#state-key")
         field.send_keys("user-3")
@@ -375,5 +356,3 @@ def test_the_job_page_lists_the_stateful_stages_and_looks_a_key_up(browser, memb
                           interval=0.1, what="the live lookup's answer")
         assert int(live.rsplit(":", 1)[1]) >= total
         screenshot(browser, tmp_path, "state")
-    finally:
-        member.cli("cancel", job["id"])
