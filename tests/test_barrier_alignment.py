@@ -7,26 +7,9 @@ from typing import NamedTuple
 
 import pytest
 
-from jetwake import DAG, Edge, JobConfig, Member, Processor
-from support.snapshot_fixtures import CountingSource
+from jetwake import DAG, Edge, JobConfig, Member
+from support.snapshot_fixtures import CountingSink, CountingSource
 from support.waiting import wait_until
-
-
-class Counter(Processor):
-    """Counts the items of both inputs; the count is its snapshot state."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def process(self, ordinal, inbox) -> None:
-        self.count += len(inbox.drain())
-
-    def save_to_snapshot(self) -> bool:
-        return self.outbox.offer_to_snapshot("count", self.count)
-
-    def restore_from_snapshot(self, inbox) -> None:
-        for _, value in inbox.drain():
-            self.count = value
 
 
 def two_inputs_dag() -> DAG:
@@ -35,7 +18,7 @@ def two_inputs_dag() -> DAG:
     # a blocking source that emits rarely, so its barrier comes late
     slow = dag.new_vertex("slow", lambda: CountingSource(None, per_call=1, pause=0.3,
                                                          cooperative=False), 1)
-    counter = dag.new_vertex("counter", Counter, 1)
+    counter = dag.new_vertex("counter", CountingSink, 1)
     dag.edge(Edge(fast, 0, counter, 0))
     dag.edge(Edge(slow, 0, counter, 1))
     return dag

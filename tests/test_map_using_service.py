@@ -13,14 +13,14 @@ import pytest
 import tenacity
 
 from jetwake import (
-    JobConfig, Member, Pipeline, PipelineError, Processor, ServiceError, ServiceFactory, Sinks,
-    Sources, TestSources,
-    Watermark,
+    JobConfig, Member, Pipeline, PipelineError, ServiceError, ServiceFactory, Sinks, Sources,
+    TestSources, Watermark,
 )
 from jetwake.engine.core.processor import Inbox, Outbox, ProcessorContext
 from jetwake.engine.execution.execution_metrics import latency_percentile
 from jetwake.engine.processors.map_using_service import MapUsingServiceAsyncProcessor
 from support.http_service import HttpService, aiohttp_factory, fetch
+from support.snapshot_fixtures import CountingSink
 from support.waiting import wait_until
 
 
@@ -465,23 +465,6 @@ def test_prometheus_and_the_dashboard_show_the_service_calls(tmp_path):
         if ms is not None:
             ms.stop()
         m.shutdown(graceful=False)
-
-
-class CountingSink(Processor):
-    """Counts the items it receives; the count is its snapshot state."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def process(self, ordinal, inbox) -> None:
-        self.count += len(inbox.drain())
-
-    def save_to_snapshot(self) -> bool:
-        return self.outbox.offer_to_snapshot("count", self.count)
-
-    def restore_from_snapshot(self, inbox) -> None:
-        for _, value in inbox.drain():
-            self.count = value
 
 
 def test_a_snapshot_taken_with_calls_in_flight_holds_every_result_before_its_barrier():

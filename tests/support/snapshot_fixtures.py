@@ -48,6 +48,24 @@ def counting_source(limit: int | None, name: str = "numbers", **kwargs) -> Sourc
                   is_stream=True)
 
 
+class CountingSink(Processor):
+    """Counts the items it receives, on every input; the count is its snapshot state (so a
+    test reads, at a snapshot, how many items had passed the barrier)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def process(self, ordinal, inbox) -> None:
+        self.count += len(inbox.drain())
+
+    def save_to_snapshot(self) -> bool:
+        return self.outbox.offer_to_snapshot("count", self.count)
+
+    def restore_from_snapshot(self, inbox) -> None:
+        for _, value in inbox.drain():
+            self.count = value
+
+
 class RunningSum(Processor):
     """Keyed (sum, count), emitted on every item."""
 
