@@ -40,6 +40,26 @@ def check_fn(fn: Any, where: str) -> None:
         raise TypeError(f"{where} expects a callable, got {type(fn).__qualname__}: {fn!r}")
 
 
+def check_ms(value: Any, what: str, where: str, *, minimum: int | None = 0,
+             meaning: str = "ms", allow_none: bool = False,
+             floats: bool = False) -> None:
+    """Checks a duration or offset argument given in milliseconds: an int (a float too when
+    ``floats``), never a bool (``True`` is an int to Python, but never what the user meant),
+    None only when ``allow_none``; at least ``minimum`` when one is given. A value of the
+    wrong type raises TypeError, one out of range PipelineError; both name the stage and
+    what the number means."""
+    if value is None and allow_none:
+        return
+    kinds = (int, float) if floats else (int,)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        none = " or None" if allow_none else ""
+        raise TypeError(f"{where}: {what} must be an int ({meaning}){none}, got "
+                        f"{type(value).__qualname__}: {value!r}")
+    if minimum is not None and value < minimum:
+        bound = "positive" if minimum == 1 else f"{minimum} or more"
+        raise PipelineError(f"{where}: {what} must be {bound} ({meaning}), got {value!r}")
+
+
 def check_migrate(migrate: Any, where: str) -> None:
     """Checks a stage's ``migrate`` function: when a job starts from a snapshot another job
     wrote (``JobConfig(initial_snapshot_name=...)``, a backfill's hand-off), each restored
@@ -228,10 +248,8 @@ class Stage(_StageBase):
                     "'limiting_real_time_lag' or a WatermarkPolicy factory")
         except (TypeError, ValueError) as e:
             raise type(e)(f"{where}: {e}") from None
-        if isinstance(idle_timeout, bool) or not isinstance(idle_timeout, int) \
-                or idle_timeout < 0:
-            raise ValueError(f"{where}: idle_timeout must be a non-negative int (ms), got "
-                             f"{idle_timeout!r}")
+        check_ms(idle_timeout, "idle_timeout", where,
+                 meaning="ms of wall-clock time without items; 0 for never idle")
         if bad_sink is not None and not isinstance(bad_sink, Sink):
             raise TypeError(f"{where}: bad_events_to expects a Sink, got "
                             f"{type(bad_sink).__qualname__}")
@@ -335,9 +353,8 @@ class Stage(_StageBase):
         where = f"join_interval() after stage {self.name!r}"
         self._check_stream_join(other, key_fn, other_key_fn, fn, late_events_to, where)
         for value, what in ((lower_ms, "lower_ms"), (upper_ms, "upper_ms")):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{where}: {what} must be an int (ms of event time, may be "
-                                f"negative), got {type(value).__qualname__}: {value!r}")
+            check_ms(value, what, where, minimum=None, meaning="ms of event time, may be "
+                     "negative")
         if lower_ms > upper_ms:
             raise PipelineError(f"{where}: lower_ms ({lower_ms}) is above upper_ms "
                                 f"({upper_ms}): no right time can lie in [left time + "
@@ -366,15 +383,9 @@ class Stage(_StageBase):
         """
         where = f"join_asof() after stage {self.name!r}"
         self._check_stream_join(other, key_fn, other_key_fn, fn, late_events_to, where)
-        if tolerance_ms is not None:
-            if isinstance(tolerance_ms, bool) or not isinstance(tolerance_ms, int):
-                raise TypeError(f"{where}: tolerance_ms must be an int (ms of event time) or "
-                                f"None, got {type(tolerance_ms).__qualname__}: "
-                                f"{tolerance_ms!r}")
-            if tolerance_ms < 0:
-                raise PipelineError(f"{where}: tolerance_ms must be 0 or more (how far "
-                                    f"before the left item a right one may lie), got "
-                                    f"{tolerance_ms}; use None for no limit")
+        check_ms(tolerance_ms, "tolerance_ms", where, allow_none=True,
+                 meaning="ms of event time a right item may lie before the left one; None "
+                 "for no limit")
         if how not in ("left", "inner"):
             raise PipelineError(f"{where}: how must be 'left' (a left item without a match "
                                 f"gives fn(left, None)) or 'inner' (it gives nothing), got "
@@ -589,11 +600,7 @@ class GroupedStage:
         if on_evict is not None:
             check_fn(on_evict, f"{where}: on_evict")
         if ttl is not None:
-            if isinstance(ttl, bool) or not isinstance(ttl, int):
-                raise TypeError(f"{where}: ttl must be an int (ms of event time), got "
-                                f"{type(ttl).__qualname__}")
-            if ttl <= 0:
-                raise PipelineError(f"{where}: ttl must be positive, got {ttl}")
+            check_ms(ttl, "ttl", where, minimum=1, meaning="ms of event time")
             if not self.stage.has_timestamps:
                 raise PipelineError(
                     f"{where}: a ttl is measured in event time, but stage "
@@ -669,13 +676,11 @@ def _service_stage(stage: Stage, key_fn: Callable[[Any], Any] | None, factory: A
     if max_concurrent < 1:
         raise PipelineError(f"{where}: max_concurrent must be at least 1 (calls in flight "
                             f"per processor), got {max_concurrent}")
-    if timeout_ms is not None:
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
-            raise TypeError(f"{where}: timeout_ms must be a number of milliseconds or None, "
-                            f"got {type(timeout_ms).__qualname__}")
-        if timeout_ms <= 0:
-            raise PipelineError(f"{where}: timeout_ms must be positive (ms per attempt), or "
-                                f"None for no timeout; got {timeout_ms}")
+    check_ms(timeout_ms, "timeout_ms", where, allow_none=True, floats=True, minimum=None,
+             meaning="ms per attempt; None for no timeout")
+    if timeout_ms is not None and timeout_ms <= 0:
+        raise PipelineError(f"{where}: timeout_ms must be positive (ms per attempt), or "
+                            f"None for no timeout; got {timeout_ms}")
     if errors_to is not None and not isinstance(errors_to, Sink):
         raise TypeError(f"{where}: errors_to expects a Sink (from jetwake.Sinks), got "
                         f"{type(errors_to).__qualname__}")
