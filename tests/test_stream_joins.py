@@ -224,17 +224,29 @@ def test_an_event_below_the_watermark_is_late_counted_and_routed_to_the_side_out
 def test_a_snapshot_restored_after_every_chunk_gives_the_same_pairs():
     lefts = [(t, f"k{t % 3}", ("L", t)) for t in range(0, 300, 7)]
     rights = [(t, f"k{t % 3}", ("R", t)) for t in range(0, 300, 5)]
-    # watermarks on the left input only, each below everything after it on both inputs
+    want = [(max(ts(a), ts(b)), (a, b)) for a, b in interval_pairs(lefts, rights, -15, 40)]
+    verify_restores_give(lambda: IntervalJoinProcessor("j", key, key, -15, 40, None),
+                         with_watermarks(lefts, every=5, behind=60), rights, want)
+
+
+def with_watermarks(lefts, *, every, behind):
+    """The left items stamped, with a watermark after every ``every``-th one, ``behind`` ms
+    below it: below everything after it on both inputs of these tests."""
     left_in: list = []
     for i, e in enumerate(stamped(lefts)):
         left_in.append(e)
-        if i % 5 == 4:
-            left_in.append(wm(max(0, e[0] - 60)))
-    want = [(max(ts(a), ts(b)), (a, b)) for a, b in interval_pairs(lefts, rights, -15, 40)]
-    verify_processor(lambda: IntervalJoinProcessor("j", key, key, -15, 40, None)) \
+        if i % every == every - 1:
+            left_in.append(wm(max(0, e[0] - behind)))
+    return left_in
+
+
+def verify_restores_give(supplier, left_in, rights, want):
+    """The processor's output, with a snapshot saved and restored after every chunk (and the
+    other orders TestSupport tries), equals ``want`` in any order, watermarks aside."""
+    verify_processor(supplier) \
         .inputs([left_in, stamped(rights)]) \
-        .output_checker(lambda e, a: sorted(e) == sorted(x for x in a
-                                                       if not isinstance(x, Watermark))) \
+        .output_checker(lambda e, a: sorted(e, key=repr) == sorted(
+            (x for x in a if not isinstance(x, Watermark)), key=repr)) \
         .expect_output(want)
 
 
@@ -313,21 +325,13 @@ def test_asof_with_a_tolerance_drops_a_right_item_the_tolerance_has_passed():
 def test_asof_snapshot_restored_after_every_chunk_gives_the_same_results():
     lefts = [(t, f"k{t % 3}", ("L", t)) for t in range(3, 300, 7)]
     rights = [(t, f"k{t % 3}", ("R", t)) for t in range(0, 300, 11)]
-    left_in: list = []
-    for i, e in enumerate(stamped(lefts)):
-        left_in.append(e)
-        if i % 4 == 3:
-            left_in.append(wm(max(0, e[0] - 40)))
 
     def latest(a):
         before = [b for b in rights if key(b) == key(a) and ts(b) <= ts(a)]
         return max(before, key=ts) if before else None
     want = [(ts(a), (a, latest(a))) for a in lefts]
-    verify_processor(lambda: AsofJoinProcessor("j", key, key, None, None, "left")) \
-        .inputs([left_in, stamped(rights)]) \
-        .output_checker(lambda e, a: sorted(e, key=repr) == sorted(
-            (x for x in a if not isinstance(x, Watermark)), key=repr)) \
-        .expect_output(want)
+    verify_restores_give(lambda: AsofJoinProcessor("j", key, key, None, None, "left"),
+                         with_watermarks(lefts, every=4, behind=40), rights, want)
 
 
 # --- bad input, refused when the pipeline is built -----------------------------------------
