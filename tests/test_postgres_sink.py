@@ -13,10 +13,9 @@ import pytest
 
 from jetwake import JobConfig, Member, Pipeline, Sinks, Sources
 from jetwake.connectors.postgres.rows import PostgresSinkError
-from jetwake.engine.core.meta_supplier import MetaSupplierContext, SupplierContext
-from jetwake.engine.core.processor import Inbox, Outbox, ProcessorContext
-from jetwake.snapshot.protocol.snapshot_context import SnapshotContext
+from jetwake.engine.core.processor import Inbox
 from support.postgres_server import postgres_local
+from support.hand_made_processor import sink_processor
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
@@ -41,18 +40,8 @@ class HandDriven:
 
     def __init__(self, sink, job_id: str, *, restored_id: int = -1, index: int = 0,
                  total: int = 1, guarantee: str = "exactly_once") -> None:
-        meta = sink.meta_supplier
-        meta.init(MetaSupplierContext(job_id, "job", VERTEX, total, total, 1, guarantee))
-        supplier = meta.get([0])(0)
-        supplier.init(SupplierContext(job_id, "job", VERTEX, total, total, 0, 1, guarantee))
-        self.proc = supplier.get(total)[index]
-        self.proc.outbox = Outbox(0)
-        self.snap = SnapshotContext(restored_id)
-        self.proc.init(ProcessorContext(
-            job_id=job_id, job_name="job", vertex_name=VERTEX, global_processor_index=index,
-            local_processor_index=index, local_parallelism=total, total_parallelism=total,
-            member_index=0, member_count=1, processing_guarantee=guarantee,
-            snapshot=self.snap))
+        self.proc, self.snap = sink_processor(sink, job_id, VERTEX, restored_id=restored_id,
+                                              guarantee=guarantee, index=index, total=total)
 
     def process(self, items: list) -> None:
         self.proc.process(0, Inbox(list(items)))
