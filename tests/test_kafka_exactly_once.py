@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from jetwake import JobConfig, Member, Pipeline, Sinks, Sources
 from jetwake.connectors.kafka.properties import KafkaConfigError
 from jetwake.engine.core.processor import Inbox
-from support.hand_made_processor import sink_processor
+from support.sink_processors import sink_processor
 from support.waiting import wait_until
 
 VERTEX = "kafka-sink"

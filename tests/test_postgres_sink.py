@@ -15,7 +15,7 @@ from jetwake import JobConfig, Member, Pipeline, Sinks, Sources
 from jetwake.connectors.postgres.rows import PostgresSinkError
 from jetwake.engine.core.processor import Inbox
 from support.postgres_server import postgres_local
-from support.hand_made_processor import sink_processor
+from support.sink_processors import sink_processor
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]

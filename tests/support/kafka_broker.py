@@ -19,16 +19,15 @@ Loaded from tests/conftest.py (``pytest_plugins = ["support.kafka_broker"]``). F
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
+from support.local_runners import load_runner
+from support.local_runners import watch_for_orphaning as orphan_watch
 from support.waiting import wait_until
 
 _KAFKA_LOCAL = Path(__file__).resolve().parent / "local_kafka" / "kafka_local.py"
@@ -36,13 +35,7 @@ _KAFKA_LOCAL = Path(__file__).resolve().parent / "local_kafka" / "kafka_local.py
 
 def _kafka_local():
     """Import tests/support/local_kafka/kafka_local.py (its folder is not a package)."""
-    mod = sys.modules.get("kafka_local")
-    if mod is None:
-        spec = importlib.util.spec_from_file_location("kafka_local", _KAFKA_LOCAL)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["kafka_local"] = mod
-        spec.loader.exec_module(mod)
-    return mod
+    return load_runner(_KAFKA_LOCAL)
 
 
 def _docker_answers(timeout: float = 2.0) -> bool:
@@ -108,30 +101,10 @@ def kafka_bootstrap():
         kl.stop_broker(port)
 
 
-# ends when the broker's state is gone: the tests stopped their broker themselves
-_WATCHDOG = """
-import os, sys, time
-parent, port, script_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-sys.path.insert(0, script_dir)
-import kafka_local
-while kafka_local._read_state(port) is not None:
-    time.sleep(1)
-    try:
-        os.kill(parent, 0)
-    except ProcessLookupError:
-        kafka_local.stop_broker(port)
-        break
-"""
-
-
 def watch_for_orphaning(port: int) -> None:
     """Stops a broker that kafka_local started on ``port`` (the session's, or a test module's
-    own) if this pytest process dies without its teardown (killed by a timeout, say): a small
-    process of its own session watches the test process."""
-    script_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_kafka")
-    subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(port), script_dir],
-                     start_new_session=True, stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    own) if this pytest process dies without its teardown."""
+    orphan_watch(_KAFKA_LOCAL, "stop_broker", port)
 
 
 def _admin(bootstrap: str):

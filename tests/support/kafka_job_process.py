@@ -31,6 +31,7 @@ def build(bootstrap: str, in_topic: str, out_topic: str, die_in_phase2: int,
           exactly_once: bool | None, marker: str = ""):
     from jetwake import AggregateOperations, Pipeline, Sinks, Sources
     from jetwake.connectors.kafka.sink_exactly_once import KafkaExactlyOnceSinkProcessor
+    from support.sink_processors import replace_processor_class
 
     props = {"bootstrap.servers": bootstrap}
     sink = Sinks.kafka(out_topic, props, key_fn=lambda kv: kv[0],
@@ -48,20 +49,7 @@ def build(bootstrap: str, in_topic: str, out_topic: str, die_in_phase2: int,
                         os.kill(os.getpid(), signal.SIGKILL)
                 return super().snapshot_commit_finish(success)
 
-        # the sink's supplier picks the processor class when the job starts: swap it after
-        supplier = sink.meta_supplier.supplier
-        inner_choose = supplier.choose
-
-        def choose(ctx):
-            factory = inner_choose(ctx)
-
-            def make():
-                proc = factory()
-                if type(proc) is KafkaExactlyOnceSinkProcessor:
-                    proc.__class__ = DyingSink
-                return proc
-            return make
-        supplier.choose = choose
+        replace_processor_class(sink, KafkaExactlyOnceSinkProcessor, DyingSink)
 
     p = Pipeline()
     (p.read_from(Sources.kafka(in_topic, props, key_deserializer="str",

@@ -21,6 +21,7 @@ from jetwake import JobConfig, Member, Pipeline, Sinks, Sources
 
 # run as a script: tests/ (where `support` is) is not on sys.path by itself
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.member_feeding import feed_slowly, serve_until_killed  # noqa: E402
 from support.restores import record_restores  # noqa: E402
 from support.snapshot_fixtures import RunningSum  # noqa: E402
 from support.waiting import poll_until  # noqa: E402
@@ -63,14 +64,9 @@ def main() -> None:
         member.new_job(build_pipeline(rocksdb), JobConfig(
             name="sums", processing_guarantee=guarantee, snapshot_interval_ms=100,
             state_backend="rocksdb" if rocksdb else "memory"))
-    source = member.get_map("in")
-    for i in range(len(source), events):
-        source.put(i, i)
-        if i % 50 == 0:
-            time.sleep(0.002)
+    feed_slowly(member, "in", events, every=50, pause=0.002)
     if not check:
-        while True:
-            time.sleep(1)
+        serve_until_killed()
     want = {k: list(v) for k, v in expected(events).items()}
     out = member.get_map("out")
     # at most a minute: result.json then says what is there, and the test what is missing

@@ -50,6 +50,7 @@ def dying_sink(table: str, dsn: str):
     from jetwake import Sinks
     from support.waiting import poll_until
     from jetwake.connectors.postgres.sink import PostgresExactlyOnceSinkProcessor
+    from support.sink_processors import replace_processor_class
 
     class Dying(PostgresExactlyOnceSinkProcessor):
         def _send(self, rows):
@@ -76,19 +77,7 @@ def dying_sink(table: str, dsn: str):
             return done
 
     sink = Sinks.postgres(table, dsn, columns=["id", "v"], batch_size=50)
-    supplier = sink.meta_supplier.supplier
-    inner = supplier.choose
-
-    def choose(ctx):
-        factory = inner(ctx)
-
-        def make():
-            proc = factory()
-            if type(proc) is PostgresExactlyOnceSinkProcessor:
-                proc.__class__ = Dying
-            return proc
-        return make
-    supplier.choose = choose
+    replace_processor_class(sink, PostgresExactlyOnceSinkProcessor, Dying)
     return sink
 
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.member_feeding import feed_slowly, serve_until_killed  # noqa: E402
 from support.restores import record_restores  # noqa: E402
 from support.postgres_dying import dying_sink  # noqa: E402
 from support.waiting import poll_until  # noqa: E402
@@ -62,14 +62,9 @@ def main() -> None:
           .write_to(dying_sink(TABLE, dsn)))
         member.new_job(p, JobConfig(name=JOB, processing_guarantee="exactly_once",
                                     snapshot_interval_ms=100))
-    source = member.get_map("in")
-    for i in range(len(source), events):
-        source.put(i, i)
-        if i % 20 == 0:
-            time.sleep(0.01)
+    feed_slowly(member, "in", events, every=20, pause=0.01)
     if not check:
-        while True:
-            time.sleep(1)
+        serve_until_killed()
     poll_until(lambda: row_count(dsn) >= events, timeout=60, interval=0.05)
     job = member.get_job(JOB)
     job.suspend()

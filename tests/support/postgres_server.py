@@ -21,10 +21,7 @@ Loaded from tests/conftest.py (``pytest_plugins``). Fixtures:
 """
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from types import ModuleType
@@ -32,20 +29,15 @@ from typing import Iterator
 
 import pytest
 
+from support.local_runners import load_runner
+from support.local_runners import watch_for_orphaning as orphan_watch
+
 _SCRIPT_DIR = Path(__file__).resolve().parent / "local_postgres"
 
 
 def postgres_local() -> ModuleType:
     """Import tests/support/local_postgres/postgres_local.py (its folder is not a package)."""
-    mod = sys.modules.get("postgres_local")
-    if mod is None:
-        spec = importlib.util.spec_from_file_location("postgres_local",
-                                                      _SCRIPT_DIR / "postgres_local.py")
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["postgres_local"] = mod
-        spec.loader.exec_module(mod)
-    return mod
+    return load_runner(_SCRIPT_DIR / "postgres_local.py")
 
 
 def skip_unless_installed() -> None:
@@ -64,28 +56,10 @@ def dsn_with_database(dsn: str, dbname: str) -> str:
     return make_conninfo(**params)
 
 
-# ends when the server's state is gone: the tests stopped their server themselves
-_WATCHDOG = """
-import os, sys, time
-parent, port, script_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-sys.path.insert(0, script_dir)
-import postgres_local
-while postgres_local._read_state(port) is not None:
-    time.sleep(1)
-    try:
-        os.kill(parent, 0)
-    except ProcessLookupError:
-        postgres_local.stop_server(port)
-        break
-"""
-
-
 def watch_for_orphaning(port: int) -> None:
     """Stops the server postgres_local started on ``port`` if this pytest process dies without
-    its teardown (killed by a timeout, say): a small process of its own session watches it."""
-    subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(port),
-                      str(_SCRIPT_DIR)], start_new_session=True, stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    its teardown."""
+    orphan_watch(_SCRIPT_DIR / "postgres_local.py", "stop_server", port)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,8 @@
-"""A sink's processor made the way a job makes it (meta-supplier, supplier, init), for tests
-that drive the processor contract by hand: process, save_to_snapshot, the two commit phases,
-a "crash" by dropping the processor."""
+"""A test's hold on a sink's processors: one made the way a job makes it (meta-supplier,
+supplier, init), for tests that drive the processor contract by hand (process,
+save_to_snapshot, the two commit phases, a "crash" by dropping the processor); or, in a real
+job, the processors of one class replaced by a subclass that, say, kills its process at a
+chosen protocol point."""
 
 from __future__ import annotations
 
@@ -28,3 +30,22 @@ def sink_processor(sink: Any, job_id: str, vertex: str, *, restored_id: int = -1
         local_processor_index=index, local_parallelism=total, total_parallelism=total,
         member_index=0, member_count=1, processing_guarantee=guarantee, snapshot=snap))
     return proc, snap
+
+
+def replace_processor_class(sink: Any, cls: type, replacement: type) -> None:
+    """Makes the processors of class ``cls`` that ``sink`` creates instances of
+    ``replacement`` (a subclass) instead. The sink's supplier picks the processor class when
+    the job starts (by its guarantee), so the swap wraps that choice."""
+    supplier = sink.meta_supplier.supplier
+    inner_choose = supplier.choose
+
+    def choose(ctx: Any) -> Any:
+        factory = inner_choose(ctx)
+
+        def make() -> Any:
+            proc = factory()
+            if type(proc) is cls:
+                proc.__class__ = replacement
+            return proc
+        return make
+    supplier.choose = choose
