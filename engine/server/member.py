@@ -164,11 +164,13 @@ class Member:
         if port is None:
             return
         try:
-            self.service = MemberService(self, host, port, token).start()
+            self.service = MemberService(self, host, port, token)
+            # listening already: serving (no longer JOINING) before a client can ask
+            self.place.client_address = advertise or self.service.address_text
+            self.service.start()
         except BaseException:
             self.shutdown(graceful=False)
             raise
-        self.place.client_address = advertise or self.service.address_text
 
     def _abandon_start(self) -> None:
         """Undoes a start that failed: nothing may keep the directory locked."""

@@ -146,8 +146,10 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
             service.server.server_close()
             member.shutdown(graceful=False)
             return 1
-    service.start()
+    # the port listens since the service was made: the member counts as serving (ACTIVE,
+    # not JOINING) from here, and a client that connects meanwhile is answered once it starts
     member.client_address = advertise or service.address_text
+    service.start()
     print(ready_line(member.member_id, member.client_address, cluster), flush=True)
     extra = ""
     if metrics is not None:
