@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from jetwake import Client, Member, MemberNotServingError
+from jetwake.engine.cluster.membership import KafkaMembership
 from jetwake.engine.server.member_service import MemberService
 from support.cluster_processes import TOKEN, ClusterProcesses
 from support.ports import free_port
@@ -121,10 +122,10 @@ def cluster_members(tmp_path, kafka_bootstrap):
     started: list[_PipedMember] = []
     name = f"s{uuid.uuid4().hex[:10]}"
 
-    def start(count: int) -> list[_PipedMember]:
+    def start(count: int, *extra: str) -> list[_PipedMember]:
         new = [_PipedMember(tmp_path, "--cluster", name, "--kafka", kafka_bootstrap,
                             "--data-dir", str(tmp_path / f"d{len(started) + i}"),
-                            "--scale-up-delay", "1000") for i in range(count)]
+                            "--scale-up-delay", "1000", *extra) for i in range(count)]
         started.extend(new)
         return new
 
@@ -205,6 +206,32 @@ def test_cluster_never_shows_a_null_coordinator_or_an_active_member_without_addr
         for m in info["members"]:
             assert m["state"] in ("JOINING", "ACTIVE"), info
             assert (m["state"] == "ACTIVE") == (m["address"] is not None), info
+
+
+@pytest.mark.kafka
+def test_cluster_says_the_election_is_in_progress_while_a_paused_member_holds_it_up(
+        cluster_members, kafka_bootstrap):
+    # a member paused (SIGSTOP) while another joins: Kafka's group waits for the paused one
+    # to rejoin until its session times out (20 s here), with no coordinator meanwhile
+    first, paused = cluster_members(2, "--session-timeout", "20000")
+    wait_until(lambda: first.lines and paused.lines, timeout=60,
+               what=lambda: f"both members serving:\n{first.log()}\n{paused.log()}")
+    paused.proc.send_signal(signal.SIGSTOP)
+    joining = KafkaMembership(kafka_bootstrap, cluster_members.name, "joining", "127.0.0.1:9")
+    threading.Thread(target=joining.start, kwargs={"timeout": 60}, daemon=True).start()
+    group = _GroupWatch(kafka_bootstrap, f"jetwake-{cluster_members.name}")
+    try:
+        with group:
+            wait_until(lambda: group.without_coordinator, timeout=30,
+                       what="the group rebalancing")
+            with Client(first.address, token=TOKEN) as c:
+                info = c.cluster()
+    finally:
+        paused.proc.send_signal(signal.SIGCONT)
+        joining.stop()
+    assert (info["coordinator"], info["election_in_progress"]) == ("election in progress", True)
+    states = {m["address"]: m["state"] for m in info["members"] if m["address"]}
+    assert states == {first.address: "ACTIVE"}  # the paused one does not answer
 
 
 @pytest.mark.kafka
