@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from jetwake import Member
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.server.cli.main import main
+from support.cluster_processes import ClusterProcesses
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -102,3 +103,20 @@ def test_the_cli_refuses_an_internal_topic_replication_below_one(capsys):
     assert exit_.value.code == 2
     assert "--internal-topic-replication: expected a whole number >= 1, got '0'" \
         in capsys.readouterr().err
+
+
+def test_member_start_takes_internal_topic_replication_from_the_command_line(
+        kafka_three_brokers, tmp_path):
+    cluster = ClusterProcesses(tmp_path, kafka_three_brokers.bootstrap)
+    try:
+        member = cluster.start_member("--internal-topic-replication", "1")
+        wait_until(lambda: "ready: clients connect to" in member.log, timeout=60,
+                   what=lambda: f"the member serving:\n{member.log}")
+        admin = AdminClient({"bootstrap.servers": kafka_three_brokers.bootstrap})
+        records = f"__jetwake_{cluster.name}_records"
+        topic = wait_until(lambda: _internal_topics(admin, cluster.name).get(records),
+                           what=f"the topic {records} in the metadata")
+        assert [len(p.replicas) for p in topic.partitions.values()] == [1]
+        assert "have a single replica" in member.log
+    finally:
+        cluster.stop_all()
