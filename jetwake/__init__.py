@@ -9,7 +9,8 @@ from jetwake.connectors.sources import Sources
 from jetwake.connectors.generated_sources import TestSources
 from jetwake.engine.backfill import SparkRunner
 from jetwake.engine.server.client import (
-    AuthenticationError, Client, MemberUnreachableError, RemoteJob, RemoteList, RemoteMap,
+    AuthenticationError, Client, MemberNotServingError, MemberUnreachableError, RemoteJob,
+    RemoteList, RemoteMap,
 )
 from jetwake.engine.core.abstract_processor import AbstractProcessor, FlatMapper
 from jetwake.engine.core.dag import DAG, DagValidationError, Edge, RoutingPolicy, Vertex
@@ -53,6 +54,7 @@ __all__ = [
     "register_type", "TestSources", "WindowDefinition", "WindowResult", "KeyedWindowResult",
     "WindowedStage", "WindowedGroupedStage", "WatermarkPolicy", "TimestampError",
     "Client", "RemoteJob", "RemoteMap", "RemoteList", "MemberUnreachableError",
+    "MemberNotServingError",
     "AuthenticationError", "SnapshotError", "RestartableError", "FallbackRefusedError",
     "SparkRunner",
     "ServiceFactory", "ServiceError",

@@ -480,9 +480,11 @@ class ClusterMaps:
     every map and list in use into memory, and one more for the topics' end offsets.
     """
 
-    def __init__(self, bootstrap_servers: str, cluster: str) -> None:
+    def __init__(self, bootstrap_servers: str, cluster: str,
+                 replication: int | None = None) -> None:
         self.bootstrap_servers = check_bootstrap(bootstrap_servers, "ClusterMaps")
         self.cluster = check_cluster_name(cluster)
+        self.replication = replication  # of a new topic; None: as many as there are brokers
         self._lock = threading.Lock()
         self._maps: dict[str, ClusterMap] = {}
         self._lists: dict[str, ClusterList] = {}
@@ -503,7 +505,8 @@ class ClusterMaps:
                 topic = map_topic(self.cluster, name)
                 ensure_compacted_topic(
                     self._admin(), topic, 1, exact_partitions=True,
-                    extra_config={"min.compaction.lag.ms": str(MIN_COMPACTION_LAG_MS)})
+                    extra_config={"min.compaction.lag.ms": str(MIN_COMPACTION_LAG_MS)},
+                    replication=self.replication)
                 view = _MapView(topic, f"map {name!r}")
                 m = self._maps[name] = ClusterMap(self, name, view)
                 self._tail(view)
@@ -517,7 +520,7 @@ class ClusterMaps:
             lst = self._lists.get(name)
             if lst is None:
                 topic = list_topic(self.cluster, name)
-                _ensure_list_topic(self._admin(), topic)
+                _ensure_list_topic(self._admin(), topic, replication=self.replication)
                 view = _ListView(topic, f"list {name!r}")
                 lst = self._lists[name] = ClusterList(self, name, view)
                 self._tail(view)
@@ -607,12 +610,22 @@ class ClusterMaps:
             if self._offsets is None:
                 self._offsets = self._new_consumer("offsets")
             offsets = self._offsets
-        try:
-            return offsets.get_watermark_offsets(TopicPartition(topic, 0), timeout=READ_TIMEOUT_S,
-                                                 cached=False)
-        except KafkaException as e:
-            raise JetwakeError(f"{what}: could not ask Kafka at {self.bootstrap_servers} for the "
-                               f"end of {topic}: {e.args[0].str()}") from e
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while True:
+            try:
+                return offsets.get_watermark_offsets(
+                    TopicPartition(topic, 0), timeout=max(0.1, deadline - time.monotonic()),
+                    cached=False)
+            except KafkaException as e:
+                # a topic just created on several brokers: the broker this consumer asked
+                # may not know it for a moment
+                if (e.args[0].code() in (KafkaError._UNKNOWN_PARTITION,
+                                         KafkaError.UNKNOWN_TOPIC_OR_PART)
+                        and time.monotonic() < deadline):
+                    time.sleep(0.05)
+                    continue
+                raise JetwakeError(f"{what}: could not ask Kafka at {self.bootstrap_servers} "
+                                   f"for the end of {topic}: {e.args[0].str()}") from e
 
     def _catch_up(self, view: _View) -> None:
         """Waits until ``view`` holds everything written to its topic before this call."""
@@ -626,16 +639,17 @@ class ClusterMaps:
         return low, high
 
 
-def _ensure_list_topic(admin: AdminClient, topic: str, timeout: float = 30.0) -> None:
+def _ensure_list_topic(admin: AdminClient, topic: str, timeout: float = 30.0,
+                       replication: int | None = None) -> None:
     """Creates a list's topic unless it exists: one partition, deleting nothing ever; an
     existing one must be so too (a list whose items Kafka deletes by age would lose them)."""
     md = admin.list_topics(timeout=timeout)
     existing = md.topics.get(topic)
     if existing is None or existing.error is not None:
-        replication = replication_for(len(md.brokers))
+        replicas = replication_for(len(md.brokers), replication)
         config = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1",
-                  **durable_config(replication)}
-        create_topic(admin, topic, 1, replication, config, timeout)
+                  **durable_config(replicas)}
+        create_topic(admin, topic, 1, replicas, config, timeout)
     else:
         resource = ConfigResource(ResourceType.TOPIC, topic)
         configs = admin.describe_configs([resource])[resource].result(timeout)

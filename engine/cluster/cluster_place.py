@@ -24,10 +24,11 @@ from jetwake.engine.cluster.cluster_job_records import ClusterJobRecords
 from jetwake.engine.cluster.cluster_maps import ClusterMaps
 from jetwake.engine.cluster.cluster_records import ClusterRecords
 from jetwake.engine.cluster.cluster_snapshot_store import ClusterSnapshotStore
+from jetwake.engine.cluster.cluster_topics import check_internal_topic_replication
 from jetwake.engine.cluster.coordinator_role import CoordinatorRole
 from jetwake.engine.cluster.failure_detection import FailureDetector
 from jetwake.engine.cluster.member_calls import MemberCalls, NotCoordinatorError
-from jetwake.engine.cluster.membership import FencedError, KafkaMembership
+from jetwake.engine.cluster.membership import FencedError, KafkaMembership, control_topic
 from jetwake.engine.cluster.peer_link import PeerRefusedError
 from jetwake.engine.cluster.peer_network import PeerNetwork, PeerUnreachableError
 from jetwake.engine.cluster.snapshot_data_topic import SnapshotDataTopic, files_under
@@ -54,13 +55,20 @@ class ClusterPlace:
     ``session_timeout_ms``: how long a silent member stays in the cluster.
     ``scale_up_delay_ms``: how long after the last member joined the coordinator restarts
     auto-scaling jobs to use the new members (Jet's scale-up delay).
+    ``internal_topic_replication``: the replicas of each topic the cluster creates (control,
+    records, snapshot data, maps, lists); None: as many as the Kafka cluster has brokers, up
+    to three.
+    ``serves_clients``: whether the member will serve clients (a client port); until it does
+    the cluster lists it ``JOINING``.
     """
 
     def __init__(self, data_dir: str | os.PathLike | None, *, cluster: str,
                  kafka_bootstrap_servers: str | None, token: str | None = None,
                  member_id: str | None = None, peer_host: str = "127.0.0.1",
                  peer_port: int = 0, advertise: str | None = None,
-                 session_timeout_ms: int = 6000, scale_up_delay_ms: int = 10_000) -> None:
+                 session_timeout_ms: int = 6000, scale_up_delay_ms: int = 10_000,
+                 internal_topic_replication: int | None = None,
+                 serves_clients: bool = False) -> None:
         if not isinstance(kafka_bootstrap_servers, str) or not kafka_bootstrap_servers.strip():
             raise ValueError(f"a member of cluster '{cluster}' needs kafka_bootstrap_servers "
                              "('host:9092'): the cluster's members find each other through Kafka")
@@ -72,19 +80,22 @@ class ClusterPlace:
                              f"group limits), got {session_timeout_ms!r}")
         if type(scale_up_delay_ms) is not int or scale_up_delay_ms < 0:
             raise ValueError(f"scale_up_delay_ms must be an int >= 0, got {scale_up_delay_ms!r}")
+        replication = check_internal_topic_replication(internal_topic_replication)
+        self.internal_topic_replication = replication
         self.cluster_name: str | None = cluster
         self.member_id = member_id or f"m-{secrets.token_hex(4)}"
         self.bootstrap_servers = kafka_bootstrap_servers
         self.cluster_token = token
         self.client_address: str | None = None  # set by the member's service, if any
+        self.serves_clients = serves_clients
         self.scale_up_delay_s = scale_up_delay_ms / 1000
         self._peer = (peer_host, peer_port, advertise)
         self._session_timeout_ms = session_timeout_ms
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="jetwake-cluster")
-        self.records = ClusterRecords(kafka_bootstrap_servers, cluster)
+        self.records = ClusterRecords(kafka_bootstrap_servers, cluster, replication)
         #: the cluster's maps and lists, kept in Kafka
-        self.cluster_maps = ClusterMaps(kafka_bootstrap_servers, cluster)
-        self.data_topic = SnapshotDataTopic(kafka_bootstrap_servers, cluster)
+        self.cluster_maps = ClusterMaps(kafka_bootstrap_servers, cluster, replication)
+        self.data_topic = SnapshotDataTopic(kafka_bootstrap_servers, cluster, replication)
         self.network: PeerNetwork | None = None
         self.membership: KafkaMembership | None = None
         self.calls = MemberCalls(self)
@@ -139,6 +150,9 @@ class ClusterPlace:
         store = member.snapshot_store
         assert isinstance(store, ClusterSnapshotStore)  # new_snapshot_store's
         store.on_job_deleted = self.calls.forget_job_everywhere
+        self.membership.ensure_control_topic(replication=self.internal_topic_replication)
+        self.records.warn_if_single_replica([control_topic(self.cluster_name),
+                                             self.records.topic, self.data_topic.topic])
         self.membership.start()
         self._verify_with_cluster()
         self._joined = True
@@ -254,9 +268,18 @@ class ClusterPlace:
         return {"id": self.member_id, "address": self.client_address,
                 "peer_address": self.network.address if self.network else None,
                 "jobs": len(member.participant.running()),
-                "state": "SHUTTING_DOWN" if member.shutting_down else "ACTIVE",
+                "state": self.state(),
                 "coordinator": self.is_coordinator, "pid": os.getpid(),
                 "data_dir": member.data_dir}
+
+    def state(self) -> str:
+        """``JOINING`` until the member has joined and, if it serves clients, its client
+        port answers (a client may connect to it); ``ACTIVE`` then; ``SHUTTING_DOWN``."""
+        if self._member is not None and self._member.shutting_down:
+            return "SHUTTING_DOWN"
+        if not self._joined or (self.serves_clients and self.client_address is None):
+            return "JOINING"
+        return "ACTIVE"
 
     def cluster_info(self) -> dict:
         """The cluster: its name, coordinator, quorum and every member with its address (the

@@ -35,6 +35,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, Resou
 from jetwake.connectors.kafka.client_log import with_client_log
 from jetwake.engine.cluster.cluster_topics import (
     TOPIC_MAX_MESSAGE_BYTES, create_topic, durable_config, replication_for,
+    warn_if_single_replica,
 )
 from jetwake.engine.cluster.membership import CoordinatorFence, FencedError, check_cluster_name
 from jetwake.engine.core.errors import JetwakeError
@@ -70,9 +71,11 @@ def records_topic(cluster: str) -> str:
 
 def ensure_compacted_topic(admin: AdminClient, topic: str, partitions: int,
                            timeout: float = 30.0, *, exact_partitions: bool = False,
-                           extra_config: dict[str, str] | None = None) -> int:
-    """Creates the compacted topic ``topic`` unless it exists, replicated to up to three
-    brokers, and waits until every partition has a leader; returns its partition count.
+                           extra_config: dict[str, str] | None = None,
+                           replication: int | None = None) -> int:
+    """Creates the compacted topic ``topic`` unless it exists, with ``replication`` replicas
+    (the member's ``internal_topic_replication``; None: up to three, as many as there are
+    brokers), and waits until every partition has a leader; returns its partition count.
 
     An existing topic must be compacted (a topic that deletes by age would lose the cluster's
     state after a week) and, with ``exact_partitions``, have exactly ``partitions`` partitions.
@@ -81,10 +84,10 @@ def ensure_compacted_topic(admin: AdminClient, topic: str, partitions: int,
     md = admin.list_topics(timeout=timeout)
     existing = md.topics.get(topic)
     if existing is None or existing.error is not None:
-        replication = replication_for(len(md.brokers))
-        config = {"cleanup.policy": "compact", **durable_config(replication),
+        replicas = replication_for(len(md.brokers), replication)
+        config = {"cleanup.policy": "compact", **durable_config(replicas),
                   "delete.retention.ms": str(_DELETE_RETENTION_MS), **(extra_config or {})}
-        create_topic(admin, topic, partitions, replication, config, timeout)
+        create_topic(admin, topic, partitions, replicas, config, timeout)
     else:
         _check_compacted(admin, topic, timeout)
     # a topic just created (here or by another member) has no leader for a moment
@@ -143,10 +146,12 @@ class ClusterRecords:
     offset, plus a fetch when something was written.
     """
 
-    def __init__(self, bootstrap_servers: str, cluster: str) -> None:
+    def __init__(self, bootstrap_servers: str, cluster: str,
+                 replication: int | None = None) -> None:
         self.bootstrap_servers = check_bootstrap(bootstrap_servers, "ClusterRecords")
         self.cluster = check_cluster_name(cluster)
         self.topic = records_topic(self.cluster)
+        self.replication = replication  # of a new topic; None: as many as there are brokers
         self._admin_client: AdminClient | None = None
         self._fence: CoordinatorFence | None = None
         self._consumer: Consumer | None = None
@@ -178,7 +183,13 @@ class ClusterRecords:
     def ensure_topic(self, timeout: float = 30.0) -> None:
         """Creates the records topic unless it exists (any member may; the first one wins)."""
         self._check_open()
-        ensure_compacted_topic(self._admin(), self.topic, 1, timeout, exact_partitions=True)
+        ensure_compacted_topic(self._admin(), self.topic, 1, timeout, exact_partitions=True,
+                               replication=self.replication)
+
+    def warn_if_single_replica(self, known: list[str], timeout: float = 30.0) -> None:
+        """Warns (a log warning naming them and the fix) when the cluster's topics, ``known``
+        to exist and others, have a single replica."""
+        warn_if_single_replica(self._admin(), self.cluster, known, timeout)
 
     def open_writer(self, timeout: float = 30.0) -> None:
         """Makes this object the coordinator's writer: initializes the cluster's fenced

@@ -118,8 +118,10 @@ class KafkaMembership:
                 {"bootstrap.servers": self.bootstrap_servers}))
         return self._admin_client
 
-    def ensure_control_topic(self, timeout: float = 30.0) -> None:
-        """Creates the one-partition control topic unless it exists."""
+    def ensure_control_topic(self, timeout: float = 30.0,
+                             replication: int | None = None) -> None:
+        """Creates the one-partition control topic unless it exists, with ``replication``
+        replicas (None: as many as there are brokers, up to three)."""
         admin = self._admin()
         topic = control_topic(self.cluster)
         md = admin.list_topics(timeout=timeout)
@@ -129,7 +131,8 @@ class KafkaMembership:
                                    f"{len(md.topics[topic].partitions)} partitions; it must have "
                                    "exactly one (delete it, and jetwake creates it again)")
             return
-        create_topic(admin, topic, 1, replication_for(len(md.brokers)), timeout=timeout)
+        create_topic(admin, topic, 1, replication_for(len(md.brokers), replication),
+                     timeout=timeout)
 
     def start(self, timeout: float = 30.0) -> None:
         """Joins the cluster's group; returns once the group has given this member its

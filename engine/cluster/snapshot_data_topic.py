@@ -158,10 +158,12 @@ class SnapshotDataTopic:
     several threads are safe (downloads take turns).
     """
 
-    def __init__(self, bootstrap_servers: str, cluster: str) -> None:
+    def __init__(self, bootstrap_servers: str, cluster: str,
+                 replication: int | None = None) -> None:
         self.bootstrap_servers = check_bootstrap(bootstrap_servers, "SnapshotDataTopic")
         self.cluster = check_cluster_name(cluster)
         self.topic = snapshot_data_topic(self.cluster)
+        self.replication = replication  # of a new topic; None: as many as there are brokers
         self._admin_client: AdminClient | None = None
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
@@ -185,7 +187,7 @@ class SnapshotDataTopic:
             self._admin(), self.topic, PARTITIONS, timeout,
             # segments roll hourly, so that the cleaner can reclaim deleted snapshots' data
             # within hours instead of after the default week
-            extra_config={"segment.ms": str(3600 * 1000)})
+            extra_config={"segment.ms": str(3600 * 1000)}, replication=self.replication)
 
     def _partition_count(self, timeout: float) -> int:
         if self._partitions is None:

@@ -29,11 +29,20 @@ from jetwake.engine.net.framing import ProtocolError, read_frame, write_frame
 from jetwake.engine.server.protocol import DEFAULT_PORT, PROTOCOL_VERSION, version
 
 __all__ = ["Client", "RemoteJob", "RemoteMap", "RemoteList", "MemberUnreachableError",
-           "AuthenticationError", "RemoteError", "parse_address"]
+           "MemberNotServingError", "AuthenticationError", "RemoteError", "parse_address"]
 
 
 class MemberUnreachableError(JetwakeError, ConnectionError):
     """No member answers at the address (or the connection to it was lost)."""
+
+
+class MemberNotServingError(MemberUnreachableError):
+    """Nothing accepts connections at the address: no member runs there, or it is still
+    starting (a member of a cluster serves clients once it has joined). Retryable: the same
+    call succeeds once the member serves (``Client(..., connect_retry=SECONDS)`` retries by
+    itself)."""
+
+    retryable = True
 
 
 class AuthenticationError(JetwakeError):
@@ -120,12 +129,21 @@ class Client:
     """A connection to a member: ``with Client("127.0.0.1:5701") as c: c.jobs()``."""
 
     def __init__(self, address: str = f"127.0.0.1:{DEFAULT_PORT}", token: str | None = None,
-                 *, connect_timeout: float = 5.0, request_timeout: float = 300.0) -> None:
+                 *, connect_timeout: float = 5.0, request_timeout: float = 300.0,
+                 connect_retry: float = 0.0) -> None:
+        """``connect_retry``: seconds to keep trying while nothing accepts connections at
+        ``address`` (a member that is starting); after that, or with 0, such a connection
+        raises :class:`MemberNotServingError`."""
         self.address = address
         self.host, self.port = parse_address(address)
         self.token = token
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
+        if isinstance(connect_retry, bool) or not isinstance(connect_retry, (int, float)) \
+                or not 0 <= connect_retry < float("inf"):
+            raise ValueError(f"connect_retry must be a number of seconds >= 0, got "
+                             f"{connect_retry!r}")
+        self.connect_retry = float(connect_retry)
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self.member_info: dict = {}
@@ -135,13 +153,27 @@ class Client:
 
     def _connect(self) -> None:
         where = f"{self.host}:{self.port}"
-        try:
-            sock = socket.create_connection((self.host, self.port), self.connect_timeout)
-        except OSError as e:
-            reason = e.strerror or str(e) or type(e).__name__
-            raise MemberUnreachableError(
-                f"no jetwake member reachable at {where}: {reason}. Is it running "
-                f"('jetwake member start --port {self.port}')?") from None
+        deadline = time.monotonic() + self.connect_retry
+        while True:
+            try:
+                sock = socket.create_connection((self.host, self.port), self.connect_timeout)
+                break
+            except ConnectionRefusedError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                waited = f" for {self.connect_retry:g} s" if self.connect_retry else ""
+                raise MemberNotServingError(
+                    f"no jetwake member serves clients at {where}{waited}: nothing accepts "
+                    f"connections there. A member that is starting serves once it has joined "
+                    f"its cluster (retry then; 'jetwake cluster --wait N' waits until N "
+                    f"members serve). Is it running ('jetwake member start --port "
+                    f"{self.port}')?") from None
+            except OSError as e:
+                reason = e.strerror or str(e) or type(e).__name__
+                raise MemberUnreachableError(
+                    f"no jetwake member reachable at {where}: {reason}. Is it running "
+                    f"('jetwake member start --port {self.port}')?") from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(self.connect_timeout)

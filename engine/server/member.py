@@ -75,7 +75,12 @@ class Member:
     data are kept; ``token``, the cluster's shared secret (peers prove they hold it before
     anything is decoded); ``peer_port`` (0: a free port); ``session_timeout_ms``, how long a
     silent member stays in the cluster; ``scale_up_delay_ms``, how long after the last member
-    joined the coordinator restarts auto-scaling jobs to use the new members; ``member_id``.
+    joined the coordinator restarts auto-scaling jobs to use the new members; ``member_id``;
+    ``internal_topic_replication``, the replicas of each topic the cluster keeps in Kafka
+    (default: as many as there are brokers, up to three; a member warns when they have one);
+    ``serves_clients``: True when the caller starts the member's client service itself (as
+    ``jetwake member start`` does; with ``port`` the member starts it): until it serves, the
+    cluster lists the member ``JOINING``.
 
     With a data directory the member locks it (another member on it fails at once with
     :class:`DataDirectoryLockedError`), removes RocksDB working state left by executions of a
@@ -91,7 +96,9 @@ class Member:
                  advertise: str | None = None, peer_port: int = 0, member_id: str | None = None,
                  session_timeout_ms: int = 6000, scale_up_delay_ms: int = 10_000,
                  cooperative_threads: int | None = None, local_parallelism: int | None = None,
-                 journal_capacity: int = 1_000_000) -> None:
+                 journal_capacity: int = 1_000_000,
+                 internal_topic_replication: int | None = None,
+                 serves_clients: bool = False) -> None:
         if port is not None and (type(port) is not int or not 0 <= port <= 65535):
             raise ValueError(f"port must be an int in [0, 65535] (0: a free port), got {port!r}")
         cpus = os.cpu_count() or 1
@@ -106,9 +113,9 @@ class Member:
             raise ValueError(f"local_parallelism must be a positive int, got {lp!r}")
         place: MemberPlace
         if cluster is None:
-            if kafka_bootstrap_servers is not None:
-                raise ValueError("kafka_bootstrap_servers is for a member of a cluster: give "
-                                 "cluster='NAME' too")
+            if kafka_bootstrap_servers is not None or internal_topic_replication is not None:
+                raise ValueError("kafka_bootstrap_servers and internal_topic_replication are "
+                                 "for a member of a cluster: give cluster='NAME' too")
             place = Alone()
         else:
             place = ClusterPlace(data_dir, cluster=cluster,
@@ -116,7 +123,9 @@ class Member:
                                  member_id=member_id, peer_host=host, peer_port=peer_port,
                                  advertise=_peer_advertise(advertise),
                                  session_timeout_ms=session_timeout_ms,
-                                 scale_up_delay_ms=scale_up_delay_ms)
+                                 scale_up_delay_ms=scale_up_delay_ms,
+                                 internal_topic_replication=internal_topic_replication,
+                                 serves_clients=serves_clients or port is not None)
         #: where the member stands: alone, or in a cluster
         self.place = place
         self.member_id = place.member_id
@@ -155,11 +164,13 @@ class Member:
         if port is None:
             return
         try:
-            self.service = MemberService(self, host, port, token).start()
+            self.service = MemberService(self, host, port, token)
+            # listening already: serving (no longer JOINING) before a client can ask
+            self.place.client_address = advertise or self.service.address_text
+            self.service.start()
         except BaseException:
             self.shutdown(graceful=False)
             raise
-        self.place.client_address = advertise or self.service.address_text
 
     def _abandon_start(self) -> None:
         """Undoes a start that failed: nothing may keep the directory locked."""

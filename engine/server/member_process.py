@@ -24,7 +24,7 @@ from jetwake.engine.server.authentication import (
 from jetwake.engine.server.member_service import MemberService
 from jetwake.engine.server.protocol import DEFAULT_PORT, version
 
-__all__ = ["serve", "configure_logging"]
+__all__ = ["serve", "configure_logging", "ready_line"]
 
 log = logging.getLogger("jetwake.service")
 
@@ -80,6 +80,7 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
           cluster: str | None = None, kafka_bootstrap_servers: str | None = None,
           advertise: str | None = None, peer_port: int = 0,
           scale_up_delay_ms: int | None = None, session_timeout_ms: int | None = None,
+          internal_topic_replication: int | None = None,
           cooperative_threads: int | None = None, local_parallelism: int | None = None,
           log_level: str = "INFO", install_signals: bool = True, ui_auth: str = "open",
           stop_event: threading.Event | None = None, hello_timeout: float = HELLO_TIMEOUT_S,
@@ -110,8 +111,10 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
                         local_parallelism=local_parallelism, cluster=cluster,
                         kafka_bootstrap_servers=kafka_bootstrap_servers, token=token,
                         host=host, advertise=advertise, peer_port=peer_port,
+                        serves_clients=True,
                         **_cluster_options(cluster, scale_up_delay_ms=scale_up_delay_ms,
-                                           session_timeout_ms=session_timeout_ms))
+                                           session_timeout_ms=session_timeout_ms,
+                                           internal_topic_replication=internal_topic_replication))
     except (OSError, ValueError, JetwakeError) as e:
         log.error("cannot start the member: %s", e)
         return 1
@@ -143,8 +146,11 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
             service.server.server_close()
             member.shutdown(graceful=False)
             return 1
-    service.start()
+    # the port listens since the service was made: the member counts as serving (ACTIVE,
+    # not JOINING) from here, and a client that connects meanwhile is answered once it starts
     member.client_address = advertise or service.address_text
+    service.start()
+    print(ready_line(member.member_id, member.client_address, cluster), flush=True)
     extra = ""
     if metrics is not None:
         extra = f", metrics on http://{metrics.address[0]}:{metrics.address[1]}/metrics"
@@ -162,6 +168,13 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
     finally:
         _shut_down(member, service, metrics, data_dir)
     return 0
+
+
+def ready_line(member_id: str, address: str, cluster: str | None) -> str:
+    """The one line ``jetwake member start`` prints on stdout once the member serves its
+    clients: a script or a supervisor waits for it instead of polling the port."""
+    where = f"member {member_id} of cluster '{cluster}'" if cluster else "member (alone)"
+    return f"jetwake {where} ready: clients connect to {address}"
 
 
 def _cluster_options(cluster: str | None, **options: int | None) -> dict:

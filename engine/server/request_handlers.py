@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import asdict
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable
@@ -40,6 +41,11 @@ log = logging.getLogger("jetwake.service")
 #: the longest a request may wait on the member for a job's state to change: a client polls
 #: again rather than hold one request open (its request timeout stays meaningful)
 MAX_WAIT_S = 10.0
+#: how long ``cluster`` waits for a coordinator while one is being elected (members joining or
+#: leaving) before it answers that the election is in progress
+ELECTION_WAIT_S = 5.0
+#: what ``cluster`` names as the coordinator when the election took longer than that
+ELECTION_IN_PROGRESS = "election in progress"
 
 
 def _wait_seconds(wait: Any) -> float:
@@ -234,14 +240,23 @@ class RequestHandlers:
         of a cluster describes itself as a cluster of one)."""
         state = "ACTIVE" if self.serving() else "PASSIVE"
         if self.member.in_cluster:
+            # while members join or leave, Kafka's group has no coordinator for a moment
+            deadline = time.monotonic() + ELECTION_WAIT_S
             info = self.member.cluster_info()
-            return {**info, "version": version(), "state": state}
+            while info["coordinator"] is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+                info = self.member.cluster_info()
+            electing = info["coordinator"] is None
+            return {**info, "coordinator": ELECTION_IN_PROGRESS if electing
+                    else info["coordinator"], "election_in_progress": electing,
+                    "version": version(), "state": state}
         info = self.member_info()
         coords = self.member.coordinators()
         active = sum(1 for c in coords if not c.status.is_terminal)
         me = {**info, "id": info["address"], "state": state, "jobs": active,
               "job_statuses": info["jobs"], "coordinator": True}
-        return {"name": None, "coordinator": me["id"], "quorum": 1, "size": 1,
+        return {"name": None, "coordinator": me["id"], "election_in_progress": False,
+                "quorum": 1, "size": 1,
                 "version": version(), "state": state, "members": [me], "jobs": len(coords),
                 "active_jobs": active}
 

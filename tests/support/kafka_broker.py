@@ -16,12 +16,20 @@ Loaded from tests/conftest.py (``pytest_plugins = ["support.kafka_broker"]``). F
     A factory ``new_topic(partitions=1, replication_factor=1) -> name`` that creates a
     uniquely named topic and waits until its metadata shows a leader for every partition.
     The topics are deleted afterwards (best effort).
+
+``kafka_three_brokers`` (session)
+    A separate Kafka cluster of three KRaft brokers: ``$KAFKA3_BOOTSTRAP_SERVERS`` if set,
+    else started by kafka_local.py with ``--nodes 3`` on free loopback ports (about 9 s);
+    started only by the tests that ask for it, stopped at the end of the session. Its value is
+    a :class:`ThreeBrokers`: ``bootstrap``, and ``new_topic()`` for topics with 3 replicas and
+    ``min.insync.replicas`` 2.
 """
 from __future__ import annotations
 
 import os
 import re
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -156,3 +164,48 @@ def kafka_topic(kafka_bootstrap, request):
                 fut.result(timeout=30)
         except Exception:  # noqa: BLE001 - cleanup only
             pass
+
+
+@dataclass
+class ThreeBrokers:
+    """The three-broker Kafka cluster of ``kafka_three_brokers``."""
+
+    bootstrap: str
+
+    def new_topic(self, prefix: str = "jetwake-3b", partitions: int = 1) -> str:
+        """Creates a uniquely named topic with 3 replicas and ``min.insync.replicas`` 2 and
+        waits until each partition has a leader."""
+        from confluent_kafka.admin import NewTopic
+
+        admin = _admin(self.bootstrap)
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=3,
+                                      config={"min.insync.replicas": "2",
+                                              "retention.ms": "-1"})],
+                            operation_timeout=30)[name].result(timeout=60)
+        wait_for_topic(admin, name, partitions)
+        return name
+
+
+@pytest.fixture(scope="session")
+def kafka_three_brokers():
+    env = os.environ.get("KAFKA3_BOOTSTRAP_SERVERS", "").strip()
+    if env:
+        yield ThreeBrokers(env)
+        return
+    kl = _kafka_local()
+    port = kl.free_port(3)
+    try:
+        bootstrap = kl.start_broker(port, nodes=3)
+    except Exception as e:  # noqa: BLE001
+        kl.stop_broker(port)
+        pytest.fail(f"no three-broker Kafka for the tests that need one: "
+                    f"tests/support/local_kafka/kafka_local.py --nodes 3 on port {port}: "
+                    f"{type(e).__name__}: {e}", pytrace=False)
+    watch_for_orphaning(port)
+    try:
+        yield ThreeBrokers(bootstrap)
+    finally:
+        # its data is deleted anyway: the brokers get 2 s to stop before SIGKILL instead of
+        # waiting (about 6 s) for the last one's controlled shutdown without a quorum
+        kl.stop_broker(port, timeout=2.0)

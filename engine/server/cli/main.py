@@ -34,6 +34,8 @@ __all__ = ["main", "build_parser", "SUBMIT_TIMEOUT_S"]
 #: connectors' default start-up timeout (60 s), so that a job whose broker or topic is
 #: missing reports why rather than a timeout of the command
 SUBMIT_TIMEOUT_S = 120.0
+#: how long ``cluster --wait N`` waits for N members to serve by default
+CLUSTER_WAIT_S = 60.0
 
 
 # --- the parser --------------------------------------------------------------------------------
@@ -146,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how long Kafka waits for a silent member before the cluster goes on "
                          "without it (default: 6000; lower: faster failover, more false "
                          "alarms on a busy host)")
+    ms.add_argument("--internal-topic-replication", type=_positive_int, default=None,
+                    metavar="N",
+                    help="replicas of each topic the cluster keeps in Kafka (control, records, "
+                         "snapshot data, maps); default: as many as there are brokers, up to "
+                         "3 (the member warns when they have a single replica)")
     ms.add_argument("--scale-up-delay", type=int, default=None, metavar="MS",
                     help="how long after members joined the cluster's jobs restart to use "
                          "them (default: 10000)")
@@ -242,8 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("cluster", "show the cluster: its coordinator, quorum and members with their "
             "addresses and jobs",
-            "jetwake cluster --json")
+            "jetwake cluster --wait 3 --timeout 60 --json")
     p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument("--wait", type=_positive_int, metavar="N",
+                   help="first wait until N members serve clients (listed ACTIVE), retrying "
+                        "while the member at --address is still starting")
+    p.add_argument("--timeout", type=_positive_seconds, default=CLUSTER_WAIT_S,
+                   metavar="SECONDS",
+                   help=f"how long --wait waits (default: {CLUSTER_WAIT_S:g})")
     p.set_defaults(func=cmd_cluster)
 
     add_backfill_parser(sub, _FMT, common)
