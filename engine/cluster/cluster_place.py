@@ -54,13 +54,16 @@ class ClusterPlace:
     ``session_timeout_ms``: how long a silent member stays in the cluster.
     ``scale_up_delay_ms``: how long after the last member joined the coordinator restarts
     auto-scaling jobs to use the new members (Jet's scale-up delay).
+    ``fast_failover``: whether a coordinator whose process is gone is removed from the group at
+    once (failure_detection.py) instead of after the session timeout.
     """
 
     def __init__(self, data_dir: str | os.PathLike | None, *, cluster: str,
                  kafka_bootstrap_servers: str | None, token: str | None = None,
                  member_id: str | None = None, peer_host: str = "127.0.0.1",
                  peer_port: int = 0, advertise: str | None = None,
-                 session_timeout_ms: int = 6000, scale_up_delay_ms: int = 10_000) -> None:
+                 session_timeout_ms: int = 6000, scale_up_delay_ms: int = 10_000,
+                 fast_failover: bool = True) -> None:
         if not isinstance(kafka_bootstrap_servers, str) or not kafka_bootstrap_servers.strip():
             raise ValueError(f"a member of cluster '{cluster}' needs kafka_bootstrap_servers "
                              "('host:9092'): the cluster's members find each other through Kafka")
@@ -88,7 +91,7 @@ class ClusterPlace:
         self.network: PeerNetwork | None = None
         self.membership: KafkaMembership | None = None
         self.calls = MemberCalls(self)
-        self.detector = FailureDetector(self)
+        self.detector = FailureDetector(self, fast_failover)
         self.role = CoordinatorRole(self)
         self._member: "PlacedMember | None" = None
         self._joined = False
@@ -131,6 +134,7 @@ class ClusterPlace:
                                            self.calls.report_end, self._share_part)
         member.participant = participant  # the calls below may reach it
         self.network.set_call_handler(self.calls.on_call)
+        self.network.set_lost_handler(self.detector.connection_lost)
         self.network.set_message_handler(
             "exec.ended", lambda peer, payload: self.calls.on_execution_ended(payload))
         self.membership = KafkaMembership(

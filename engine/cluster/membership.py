@@ -31,6 +31,7 @@ from confluent_kafka.admin import AdminClient
 
 from jetwake.connectors.kafka.client_log import with_client_log
 from jetwake.engine.cluster.cluster_topics import create_topic, replication_for
+from jetwake.engine.cluster.group_leave import remove_group_member
 from jetwake.engine.core.errors import JetwakeError
 
 __all__ = ["KafkaMembership", "MemberInfo", "CoordinatorFence", "FencedError",
@@ -257,6 +258,11 @@ class KafkaMembership:
 
     def members(self, timeout: float = 10.0) -> list[MemberInfo]:
         """The live members as the group shows them, coordinator first."""
+        out = [info for info, _ in self._group(timeout)]
+        return sorted(out, key=lambda i: (not i.is_coordinator, i.id))
+
+    def _group(self, timeout: float) -> list[tuple[MemberInfo, str]]:
+        """The group's jetwake members, each with the member id Kafka gave its consumer."""
         gid = group_id(self.cluster)
         desc = self._admin().describe_consumer_groups([gid])[gid] \
             .result(timeout)
@@ -267,8 +273,24 @@ class KafkaMembership:
             _joined, _, rest = m.client_id[len(_CLIENT_PREFIX):].partition("/")
             member_id, _, address = rest.partition("/")
             parts = m.assignment.topic_partitions if m.assignment else []
-            out.append(MemberInfo(member_id, address, any(tp.partition == 0 for tp in parts)))
-        return sorted(out, key=lambda i: (not i.is_coordinator, i.id))
+            out.append((MemberInfo(member_id, address, any(tp.partition == 0 for tp in parts)),
+                        m.member_id))
+        return out
+
+    def coordinator_consumer(self, timeout: float = 5.0) -> tuple[MemberInfo, str] | None:
+        """The coordinator as the group shows it now, with the member id Kafka gave its
+        consumer (that consumer's alone: a later one of the same jetwake member has
+        another); None while Kafka is moving partition 0."""
+        found = [entry for entry in self._group(timeout) if entry[0].is_coordinator]
+        return found[0] if found else None
+
+    def remove_dead_consumer(self, kafka_member_id: str, timeout: float = 5.0) -> bool:
+        """Makes Kafka drop the consumer ``kafka_member_id`` of a member whose process is
+        gone, now instead of after the session timeout (group_leave.py). Only for a process
+        known to be gone: a live member removed this way is expelled. True when Kafka
+        removed it, False when it was no longer in the group."""
+        return remove_group_member(self.bootstrap_servers, group_id(self.cluster),
+                                   kafka_member_id, timeout=timeout)
 
     def stop(self) -> None:
         """Leaves the group at once (the others see it go without waiting for the session

@@ -75,7 +75,9 @@ class Member:
     data are kept; ``token``, the cluster's shared secret (peers prove they hold it before
     anything is decoded); ``peer_port`` (0: a free port); ``session_timeout_ms``, how long a
     silent member stays in the cluster; ``scale_up_delay_ms``, how long after the last member
-    joined the coordinator restarts auto-scaling jobs to use the new members; ``member_id``.
+    joined the coordinator restarts auto-scaling jobs to use the new members;
+    ``fast_failover``, whether a coordinator whose process is gone is removed from the group
+    at once rather than after the session timeout (failure_detection.py); ``member_id``.
 
     With a data directory the member locks it (another member on it fails at once with
     :class:`DataDirectoryLockedError`), removes RocksDB working state left by executions of a
@@ -90,6 +92,7 @@ class Member:
                  port: int | None = None, host: str = "127.0.0.1", token: str | None = None,
                  advertise: str | None = None, peer_port: int = 0, member_id: str | None = None,
                  session_timeout_ms: int = 6000, scale_up_delay_ms: int = 10_000,
+                 fast_failover: bool = True,
                  cooperative_threads: int | None = None, local_parallelism: int | None = None,
                  journal_capacity: int = 1_000_000) -> None:
         if port is not None and (type(port) is not int or not 0 <= port <= 65535):
@@ -116,7 +119,8 @@ class Member:
                                  member_id=member_id, peer_host=host, peer_port=peer_port,
                                  advertise=_peer_advertise(advertise),
                                  session_timeout_ms=session_timeout_ms,
-                                 scale_up_delay_ms=scale_up_delay_ms)
+                                 scale_up_delay_ms=scale_up_delay_ms,
+                                 fast_failover=fast_failover)
         #: where the member stands: alone, or in a cluster
         self.place = place
         self.member_id = place.member_id

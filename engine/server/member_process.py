@@ -80,6 +80,7 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
           cluster: str | None = None, kafka_bootstrap_servers: str | None = None,
           advertise: str | None = None, peer_port: int = 0,
           scale_up_delay_ms: int | None = None, session_timeout_ms: int | None = None,
+          fast_failover: bool | None = None,
           cooperative_threads: int | None = None, local_parallelism: int | None = None,
           log_level: str = "INFO", install_signals: bool = True, ui_auth: str = "open",
           stop_event: threading.Event | None = None, hello_timeout: float = HELLO_TIMEOUT_S,
@@ -111,7 +112,8 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
                         kafka_bootstrap_servers=kafka_bootstrap_servers, token=token,
                         host=host, advertise=advertise, peer_port=peer_port,
                         **_cluster_options(cluster, scale_up_delay_ms=scale_up_delay_ms,
-                                           session_timeout_ms=session_timeout_ms))
+                                           session_timeout_ms=session_timeout_ms,
+                                           fast_failover=fast_failover))
     except (OSError, ValueError, JetwakeError) as e:
         log.error("cannot start the member: %s", e)
         return 1
@@ -164,7 +166,7 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
     return 0
 
 
-def _cluster_options(cluster: str | None, **options: int | None) -> dict:
+def _cluster_options(cluster: str | None, **options: int | bool | None) -> dict:
     """The cluster settings given (a member without a cluster takes none)."""
     if not cluster:
         return {}

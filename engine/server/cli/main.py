@@ -146,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how long Kafka waits for a silent member before the cluster goes on "
                          "without it (default: 6000; lower: faster failover, more false "
                          "alarms on a busy host)")
+    ms.add_argument("--fast-failover", choices=["on", "off"], default="on",
+                    help="on (default): when the coordinator's process is gone (its peer "
+                         "port refuses connections), the survivors have Kafka drop it at once "
+                         "instead of after the session timeout; off: wait for the session "
+                         "timeout")
     ms.add_argument("--scale-up-delay", type=int, default=None, metavar="MS",
                     help="how long after members joined the cluster's jobs restart to use "
                          "them (default: 10000)")

@@ -33,6 +33,7 @@ def cmd_member_start(args: argparse.Namespace) -> int:
                  advertise=args.advertise, peer_port=args.peer_port,
                  scale_up_delay_ms=args.scale_up_delay,
                  session_timeout_ms=args.session_timeout,
+                 fast_failover=args.fast_failover == "on",
                  metrics_port=args.metrics_port, cooperative_threads=args.cooperative_threads,
                  local_parallelism=args.local_parallelism, log_level=args.log_level,
                  hello_timeout=args.hello_timeout,
