@@ -84,8 +84,8 @@ class FailureDetector:
 
     def connection_lost(self, peer_id: str) -> None:
         """A connection to or from ``peer_id`` closed (the peer network's hook, on the thread
-        that noticed): if ``peer_id`` coordinates the cluster, whether its process is gone is
-        checked on the pool."""
+        that noticed), or a call to it went unanswered: if ``peer_id`` coordinates the
+        cluster, whether its process is gone is checked on the pool."""
         place = self.place
         if not self.fast_failover or self.stopped or self._checking_coordinator \
                 or place.role.is_coordinator:
@@ -110,6 +110,9 @@ class FailureDetector:
                 return
             info, consumer = found
             if not nothing_listens(info.address):
+                log.info("member %s: coordinator %s does not answer, but its process still "
+                         "listens at %s (paused or busy?): Kafka's session timeout decides",
+                         place.member_id, peer_id, info.address)
                 return
             removed = membership.remove_dead_consumer(consumer)  # type: ignore[union-attr]
             if removed:
@@ -274,6 +277,7 @@ class FailureDetector:
             log.warning("member %s stops its share of %s: its coordinator %s is out of reach "
                         "(%s)", place.member_id, exec_key, coordinator, e)
             participant.cancel(exec_key)
+            self.connection_lost(coordinator)
             return
         except Exception as e:  # noqa: BLE001 - asked again at the next round
             log.debug("asking %s about %s failed: %r", coordinator, exec_key, e)
