@@ -182,7 +182,7 @@ class KafkaMembership:
                 log.error("cluster membership of %s failed: %r", self.member_id, e)
                 time.sleep(0.5)
             now = time.monotonic()
-            expelled = self._was_lost and self._rejoin_on_lost
+            expelled = self._rejoin_on_lost
             if (now - last > self.session_timeout_ms / 1000 or expelled) \
                     and not self._stopping.is_set():
                 self._rejoin_on_lost = False
@@ -208,6 +208,11 @@ class KafkaMembership:
         self._subscribe()
 
     def _assigned(self, consumer: Any, partitions: list) -> None:
+        if self._rejoin_on_lost:
+            # the consumer the group expelled got in again by itself, under its old client id,
+            # i.e. as the oldest: it takes no role; the membership loop replaces it by a
+            # consumer that joins as the youngest
+            return
         since, self._unreachable_since = self._unreachable_since, None
         if since is not None or self._was_lost:
             log.info("member %s reaches Kafka again and is back in cluster '%s'%s",
@@ -234,16 +239,18 @@ class KafkaMembership:
                     self.member_id, self.bootstrap_servers, error.str())
 
     def _lost(self, consumer: Any, partitions: list) -> None:
-        """The group expelled this member (its session expired): it coordinates no more.
+        """The group expelled this member (its session expired, or another member had it
+        removed as dead): it coordinates no more.
         (A pause is also caught by :meth:`_run`, which makes the member join again as the
         youngest.)"""
         self._was_lost = True
         # joining again with the same client id would make it the oldest again: it joins
         # as a new member (from the membership loop, not inside the client's callback)
         self._rejoin_on_lost = True
-        log.warning("member %s lost its place in cluster '%s': Kafka did not hear from it "
-                    "within the session timeout (%d ms); it joins again when Kafka answers",
-                    self.member_id, self.cluster, self.session_timeout_ms)
+        log.warning("member %s lost its place in cluster '%s': Kafka expelled it (it did "
+                    "not hear from it within the session timeout, %d ms, or another member "
+                    "found its peer address refusing connections); it joins again when Kafka "
+                    "answers", self.member_id, self.cluster, self.session_timeout_ms)
         self._set_coordinator(False)
 
     def _set_coordinator(self, value: bool) -> None:
