@@ -77,3 +77,8 @@ def test_a_live_member_the_group_expelled_joins_again_as_the_youngest_and_does_n
     finally:
         second.stop()
         first.stop()
+
+
+def test_an_unspecified_host_never_counts_as_dead() -> None:
+    # connecting to 0.0.0.0 reaches this machine, whatever the member's own is
+    assert not nothing_listens(f"0.0.0.0:{free_port()}")

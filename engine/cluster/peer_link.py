@@ -137,8 +137,11 @@ def nothing_listens(address: str, attempts: int = 3, spacing_s: float = 0.05,
     listens there, so the member whose peer address it is has no process any more (a member
     listens from before it joins the group until after it left it). A paused process still
     listens (its kernel accepts the connection), and a machine out of reach does not refuse
-    (the attempt times out): neither counts."""
+    (the attempt times out): neither counts, nor does an unspecified host (``0.0.0.0``:
+    connecting there reaches this machine, not the member's)."""
     host, _, port = address.rpartition(":")
+    if host.strip("[]") in ("", "0.0.0.0", "::"):
+        return False
     for i in range(attempts):
         if i:
             time.sleep(spacing_s)
