@@ -60,6 +60,8 @@ class ClusterPlace:
     to three.
     ``serves_clients``: whether the member will serve clients (a client port); until it does
     the cluster lists it ``JOINING``.
+    ``fast_failover``: whether a coordinator whose process is gone is removed from the group at
+    once (failure_detection.py) instead of after the session timeout.
     """
 
     def __init__(self, data_dir: str | os.PathLike | None, *, cluster: str,
@@ -68,7 +70,8 @@ class ClusterPlace:
                  peer_port: int = 0, advertise: str | None = None,
                  session_timeout_ms: int = 6000, scale_up_delay_ms: int = 10_000,
                  internal_topic_replication: int | None = None,
-                 serves_clients: bool = False) -> None:
+                 serves_clients: bool = False,
+                 fast_failover: bool = True) -> None:
         if not isinstance(kafka_bootstrap_servers, str) or not kafka_bootstrap_servers.strip():
             raise ValueError(f"a member of cluster '{cluster}' needs kafka_bootstrap_servers "
                              "('host:9092'): the cluster's members find each other through Kafka")
@@ -99,7 +102,7 @@ class ClusterPlace:
         self.network: PeerNetwork | None = None
         self.membership: KafkaMembership | None = None
         self.calls = MemberCalls(self)
-        self.detector = FailureDetector(self)
+        self.detector = FailureDetector(self, fast_failover)
         self.role = CoordinatorRole(self)
         self._member: "PlacedMember | None" = None
         self._joined = False
@@ -142,6 +145,7 @@ class ClusterPlace:
                                            self.calls.report_end, self._share_part)
         member.participant = participant  # the calls below may reach it
         self.network.set_call_handler(self.calls.on_call)
+        self.network.set_lost_handler(self.detector.connection_lost)
         self.network.set_message_handler(
             "exec.ended", lambda peer, payload: self.calls.on_execution_ended(payload))
         self.membership = KafkaMembership(

@@ -8,6 +8,15 @@ go on; its coordinator restarts or fails it), the coordinator probes the members
 executions (one that does not answer twice in a row is out of reach), a member stops its share
 of an execution whose coordinator left or no longer runs it, and a member that did not answer
 is left out of the next execution until it answers again.
+
+A coordinator whose process is gone is not left to Kafka's session timeout: when a connection
+to or from it closes, a survivor checks its peer address, and if every connection there is
+refused (nothing listens: the process is gone, see :func:`peer_link.nothing_listens`), asks
+Kafka to remove that coordinator's consumer from the group (group_leave.py), naming the member
+id Kafka gave that very consumer. The group rebalances at once and partition 0, the
+coordinator's role, goes to the oldest survivor, which fences the old coordinator as on any
+election. A paused coordinator keeps its connections and its listener, so it is never removed
+this way: Kafka expels it after the session timeout, and the fence stops its writes, as before.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from jetwake.engine.cluster.membership import MemberInfo
+from jetwake.engine.cluster.peer_link import nothing_listens
 from jetwake.engine.cluster.peer_network import PeerUnreachableError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,8 +52,14 @@ STALE_CHECK_ROUNDS = 1
 class FailureDetector:
     """Watches this member's cluster (see the module doc)."""
 
-    def __init__(self, place: "ClusterPlace") -> None:
+    def __init__(self, place: "ClusterPlace", fast_failover: bool = True) -> None:
         self.place = place
+        #: whether a coordinator whose process is gone is removed from the group at once
+        #: (else Kafka drops it after the session timeout)
+        self.fast_failover = fast_failover
+        #: coordinators this member had Kafka remove because their process was gone
+        self.removed_coordinators = 0
+        self._checking_coordinator = False
         self.leaving: set[str] = set()  # members handing their work over before they go
         self.unreachable: set[str] = set()  # in the group, but did not answer a probe
         self._seen: set[str] = set()  # members the watcher has seen in the group
@@ -65,6 +81,51 @@ class FailureDetector:
     @property
     def stopped(self) -> bool:
         return self._stop.is_set()
+
+    def connection_lost(self, peer_id: str) -> None:
+        """A connection to or from ``peer_id`` closed (the peer network's hook, on the thread
+        that noticed), or a call to it went unanswered: if ``peer_id`` coordinates the
+        cluster, whether its process is gone is checked on the pool."""
+        place = self.place
+        if not self.fast_failover or self.stopped or self._checking_coordinator \
+                or place.role.is_coordinator:
+            return
+        known = [m.id for m in place.calls.known_members if m.is_coordinator]
+        if known and known[0] != peer_id:
+            return
+        self._checking_coordinator = True
+        try:
+            place.pool.submit(self._remove_coordinator_if_gone, peer_id)
+        except RuntimeError:  # the pool shut down: leaving the cluster
+            self._checking_coordinator = False
+
+    def _remove_coordinator_if_gone(self, peer_id: str) -> None:
+        """Removes the coordinator ``peer_id`` from the group when its process is gone (the
+        module doc says why that is safe)."""
+        place = self.place
+        membership = place.membership
+        try:
+            found = membership.coordinator_consumer() if membership is not None else None
+            if found is None or found[0].id != peer_id or peer_id == place.member_id:
+                return
+            info, consumer = found
+            if not nothing_listens(info.address):
+                log.info("member %s: coordinator %s does not answer, but its process still "
+                         "listens at %s (paused or busy?): Kafka's session timeout decides",
+                         place.member_id, peer_id, info.address)
+                return
+            removed = membership.remove_dead_consumer(consumer)  # type: ignore[union-attr]
+            if removed:
+                self.removed_coordinators += 1
+                log.warning("member %s had Kafka remove coordinator %s from cluster '%s': "
+                            "nothing listens at its peer address %s (its process is gone); "
+                            "the oldest survivor takes over now", place.member_id, peer_id,
+                            place.cluster_name, info.address)
+        except Exception as e:  # noqa: BLE001 - the session timeout still removes it
+            log.warning("member %s could not have coordinator %s removed at once (%s); Kafka "
+                        "drops it after the session timeout", place.member_id, peer_id, e)
+        finally:
+            self._checking_coordinator = False
 
     def note_unreachable(self, member_id: str) -> None:
         """``member_id`` did not answer: it is not used (nor scaled up to) until it answers a
@@ -216,6 +277,7 @@ class FailureDetector:
             log.warning("member %s stops its share of %s: its coordinator %s is out of reach "
                         "(%s)", place.member_id, exec_key, coordinator, e)
             participant.cancel(exec_key)
+            self.connection_lost(coordinator)
             return
         except Exception as e:  # noqa: BLE001 - asked again at the next round
             log.debug("asking %s about %s failed: %r", coordinator, exec_key, e)

@@ -31,6 +31,7 @@ from confluent_kafka.admin import AdminClient
 
 from jetwake.connectors.kafka.client_log import with_client_log
 from jetwake.engine.cluster.cluster_topics import create_topic, replication_for
+from jetwake.engine.cluster.group_leave import remove_group_member
 from jetwake.engine.core.errors import JetwakeError
 
 __all__ = ["KafkaMembership", "MemberInfo", "CoordinatorFence", "FencedError",
@@ -184,7 +185,7 @@ class KafkaMembership:
                 log.error("cluster membership of %s failed: %r", self.member_id, e)
                 time.sleep(0.5)
             now = time.monotonic()
-            expelled = self._was_lost and self._rejoin_on_lost
+            expelled = self._rejoin_on_lost
             if (now - last > self.session_timeout_ms / 1000 or expelled) \
                     and not self._stopping.is_set():
                 self._rejoin_on_lost = False
@@ -210,6 +211,11 @@ class KafkaMembership:
         self._subscribe()
 
     def _assigned(self, consumer: Any, partitions: list) -> None:
+        if self._rejoin_on_lost:
+            # the consumer the group expelled got in again by itself, under its old client id,
+            # i.e. as the oldest: it takes no role; the membership loop replaces it by a
+            # consumer that joins as the youngest
+            return
         since, self._unreachable_since = self._unreachable_since, None
         if since is not None or self._was_lost:
             log.info("member %s reaches Kafka again and is back in cluster '%s'%s",
@@ -236,16 +242,18 @@ class KafkaMembership:
                     self.member_id, self.bootstrap_servers, error.str())
 
     def _lost(self, consumer: Any, partitions: list) -> None:
-        """The group expelled this member (its session expired): it coordinates no more.
+        """The group expelled this member (its session expired, or another member had it
+        removed as dead): it coordinates no more.
         (A pause is also caught by :meth:`_run`, which makes the member join again as the
         youngest.)"""
         self._was_lost = True
         # joining again with the same client id would make it the oldest again: it joins
         # as a new member (from the membership loop, not inside the client's callback)
         self._rejoin_on_lost = True
-        log.warning("member %s lost its place in cluster '%s': Kafka did not hear from it "
-                    "within the session timeout (%d ms); it joins again when Kafka answers",
-                    self.member_id, self.cluster, self.session_timeout_ms)
+        log.warning("member %s lost its place in cluster '%s': Kafka expelled it (it did "
+                    "not hear from it within the session timeout, %d ms, or another member "
+                    "found its peer address refusing connections); it joins again when Kafka "
+                    "answers", self.member_id, self.cluster, self.session_timeout_ms)
         self._set_coordinator(False)
 
     def _set_coordinator(self, value: bool) -> None:
@@ -260,6 +268,11 @@ class KafkaMembership:
 
     def members(self, timeout: float = 10.0) -> list[MemberInfo]:
         """The live members as the group shows them, coordinator first."""
+        out = [info for info, _ in self._group(timeout)]
+        return sorted(out, key=lambda i: (not i.is_coordinator, i.id))
+
+    def _group(self, timeout: float) -> list[tuple[MemberInfo, str]]:
+        """The group's jetwake members, each with the member id Kafka gave its consumer."""
         gid = group_id(self.cluster)
         desc = self._admin().describe_consumer_groups([gid])[gid] \
             .result(timeout)
@@ -270,8 +283,24 @@ class KafkaMembership:
             _joined, _, rest = m.client_id[len(_CLIENT_PREFIX):].partition("/")
             member_id, _, address = rest.partition("/")
             parts = m.assignment.topic_partitions if m.assignment else []
-            out.append(MemberInfo(member_id, address, any(tp.partition == 0 for tp in parts)))
-        return sorted(out, key=lambda i: (not i.is_coordinator, i.id))
+            out.append((MemberInfo(member_id, address, any(tp.partition == 0 for tp in parts)),
+                        m.member_id))
+        return out
+
+    def coordinator_consumer(self, timeout: float = 5.0) -> tuple[MemberInfo, str] | None:
+        """The coordinator as the group shows it now, with the member id Kafka gave its
+        consumer (that consumer's alone: a later one of the same jetwake member has
+        another); None while Kafka is moving partition 0."""
+        found = [entry for entry in self._group(timeout) if entry[0].is_coordinator]
+        return found[0] if found else None
+
+    def remove_dead_consumer(self, kafka_member_id: str, timeout: float = 5.0) -> bool:
+        """Makes Kafka drop the consumer ``kafka_member_id`` of a member whose process is
+        gone, now instead of after the session timeout (group_leave.py). Only for a process
+        known to be gone: a live member removed this way is expelled. True when Kafka
+        removed it, False when it was no longer in the group."""
+        return remove_group_member(self.bootstrap_servers, group_id(self.cluster),
+                                   kafka_member_id, timeout=timeout)
 
     def stop(self) -> None:
         """Leaves the group at once (the others see it go without waiting for the session

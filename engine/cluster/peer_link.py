@@ -32,7 +32,7 @@ from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.net.framing import ProtocolError, read_frame, write_frame
 
 __all__ = ["PeerLink", "PeerRefusedError", "PEER_PROTOCOL_VERSION", "connect_peer",
-           "accept_peer"]
+           "accept_peer", "nothing_listens"]
 
 PEER_PROTOCOL_VERSION = 1
 _NONCE = 16
@@ -129,6 +129,30 @@ def _exchange_hellos(sock: socket.socket, deadline: float, cluster: str, member_
 
 def _deadline(timeout: float) -> float:
     return time.monotonic() + timeout
+
+
+def nothing_listens(address: str, attempts: int = 3, spacing_s: float = 0.05,
+                    timeout: float = 1.0) -> bool:
+    """Whether ``attempts`` connections in a row to ``host:port`` are all refused: nothing
+    listens there, so the member whose peer address it is has no process any more (a member
+    listens from before it joins the group until after it left it). A paused process still
+    listens (its kernel accepts the connection), and a machine out of reach does not refuse
+    (the attempt times out): neither counts, nor does an unspecified host (``0.0.0.0``:
+    connecting there reaches this machine, not the member's)."""
+    host, _, port = address.rpartition(":")
+    if host.strip("[]") in ("", "0.0.0.0", "::"):
+        return False
+    for i in range(attempts):
+        if i:
+            time.sleep(spacing_s)
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return False
+        except ConnectionRefusedError:
+            continue
+        except (OSError, ValueError):
+            return False
+    return True
 
 
 def connect_peer(address: str, token: str | None, cluster: str, member_id: str, *,

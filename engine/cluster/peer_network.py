@@ -181,6 +181,7 @@ class _Connection:
                 f"'{call.method}': {reason}")
             call.done.set()
         self.net._forget_connection(self)
+        self.net._connection_lost(self.peer_id)
         if self.net.stopping:
             log.debug("closed %r: %s", self, reason)
         else:
@@ -400,6 +401,7 @@ class PeerNetwork:
         self._incoming_conns: dict[str, set[_Connection]] = {}
         self._call_handler: Callable[[str, str, list], Any] | None = None
         self._message_handlers: dict[str, Callable[[str, Any], None]] = {}
+        self._lost_handler: Callable[[str], None] | None = None
         self._unhandled_kinds: set[str] = set()
         self._messages: queue.SimpleQueue = queue.SimpleQueue()
         self._message_thread: threading.Thread | None = None
@@ -481,6 +483,21 @@ class PeerNetwork:
             raise TypeError("set_call_handler: handler must be a callable "
                             "(peer_id, method, args) -> result")
         self._call_handler = handler
+
+    def set_lost_handler(self, handler: Callable[[str], None]) -> None:
+        """``handler(peer_id)`` is called, on the thread that noticed, whenever a connection
+        to or from a peer closes while this network runs (the peer's process may be gone):
+        it must return at once."""
+        self._lost_handler = handler
+
+    def _connection_lost(self, peer_id: str) -> None:
+        handler = self._lost_handler
+        if handler is None or self.stopping:
+            return
+        try:
+            handler(peer_id)
+        except Exception:  # noqa: BLE001 - a hint only: the connection is closed regardless
+            log.debug("the lost-connection handler failed for %s", peer_id, exc_info=True)
 
     def set_message_handler(self, kind: str, fn: Callable[[str, Any], None]) -> None:
         """``fn(peer_id, payload)`` receives the one-way messages of ``kind``, in order, on one

@@ -81,6 +81,9 @@ class Member:
     ``serves_clients``: True when the caller starts the member's client service itself (as
     ``jetwake member start`` does; with ``port`` the member starts it): until it serves, the
     cluster lists the member ``JOINING``.
+    joined the coordinator restarts auto-scaling jobs to use the new members;
+    ``fast_failover``, whether a coordinator whose process is gone is removed from the group
+    at once rather than after the session timeout (failure_detection.py); ``member_id``.
 
     With a data directory the member locks it (another member on it fails at once with
     :class:`DataDirectoryLockedError`), removes RocksDB working state left by executions of a
@@ -95,6 +98,7 @@ class Member:
                  port: int | None = None, host: str = "127.0.0.1", token: str | None = None,
                  advertise: str | None = None, peer_port: int = 0, member_id: str | None = None,
                  session_timeout_ms: int = 6000, scale_up_delay_ms: int = 10_000,
+                 fast_failover: bool = True,
                  cooperative_threads: int | None = None, local_parallelism: int | None = None,
                  journal_capacity: int = 1_000_000,
                  internal_topic_replication: int | None = None,
@@ -125,7 +129,8 @@ class Member:
                                  session_timeout_ms=session_timeout_ms,
                                  scale_up_delay_ms=scale_up_delay_ms,
                                  internal_topic_replication=internal_topic_replication,
-                                 serves_clients=serves_clients or port is not None)
+                                 serves_clients=serves_clients or port is not None,
+                                 fast_failover=fast_failover)
         #: where the member stands: alone, or in a cluster
         self.place = place
         self.member_id = place.member_id

@@ -81,6 +81,7 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
           advertise: str | None = None, peer_port: int = 0,
           scale_up_delay_ms: int | None = None, session_timeout_ms: int | None = None,
           internal_topic_replication: int | None = None,
+          fast_failover: bool | None = None,
           cooperative_threads: int | None = None, local_parallelism: int | None = None,
           log_level: str = "INFO", install_signals: bool = True, ui_auth: str = "open",
           stop_event: threading.Event | None = None, hello_timeout: float = HELLO_TIMEOUT_S,
@@ -114,7 +115,8 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
                         serves_clients=True,
                         **_cluster_options(cluster, scale_up_delay_ms=scale_up_delay_ms,
                                            session_timeout_ms=session_timeout_ms,
-                                           internal_topic_replication=internal_topic_replication))
+                                           internal_topic_replication=internal_topic_replication,
+                                           fast_failover=fast_failover))
     except (OSError, ValueError, JetwakeError) as e:
         log.error("cannot start the member: %s", e)
         return 1
@@ -177,7 +179,7 @@ def ready_line(member_id: str, address: str, cluster: str | None) -> str:
     return f"jetwake {where} ready: clients connect to {address}"
 
 
-def _cluster_options(cluster: str | None, **options: int | None) -> dict:
+def _cluster_options(cluster: str | None, **options: int | bool | None) -> dict:
     """The cluster settings given (a member without a cluster takes none)."""
     if not cluster:
         return {}

@@ -153,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="replicas of each topic the cluster keeps in Kafka (control, records, "
                          "snapshot data, maps); default: as many as there are brokers, up to "
                          "3 (the member warns when they have a single replica)")
+    ms.add_argument("--fast-failover", choices=["on", "off"], default="on",
+                    help="on (default): when the coordinator's process is gone (its peer "
+                         "port refuses connections), the survivors have Kafka drop it at once "
+                         "instead of after the session timeout; off: wait for the session "
+                         "timeout")
     ms.add_argument("--scale-up-delay", type=int, default=None, metavar="MS",
                     help="how long after members joined the cluster's jobs restart to use "
                          "them (default: 10000)")

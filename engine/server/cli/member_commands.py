@@ -36,6 +36,7 @@ def cmd_member_start(args: argparse.Namespace) -> int:
                  scale_up_delay_ms=args.scale_up_delay,
                  session_timeout_ms=args.session_timeout,
                  internal_topic_replication=args.internal_topic_replication,
+                 fast_failover=args.fast_failover == "on",
                  metrics_port=args.metrics_port, cooperative_threads=args.cooperative_threads,
                  local_parallelism=args.local_parallelism, log_level=args.log_level,
                  hello_timeout=args.hello_timeout,
