@@ -11,8 +11,13 @@ import bench
 
 
 def main(argv: list[str]) -> int:
-    names = argv or sorted(m.name for m in pkgutil.iter_modules(bench.__path__)
-                           if m.name.startswith("bench_"))
+    # `python -m bench chaos --duration 60`: the names come first; the options that follow are
+    # left in sys.argv for the benchmark, whose main() reads them
+    first_option = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))
+    argv, sys.argv[1:] = argv[:first_option], argv[first_option:]
+    names = argv or [m.name for m in sorted(pkgutil.iter_modules(bench.__path__),
+                                           key=lambda m: m.name)
+                     if m.name.startswith("bench_") and _runs_by_default(m.name)]
     failed = 0
     for name in names:
         name = name.replace("-", "_")  # `python -m bench kafka-peers`
@@ -24,6 +29,12 @@ def main(argv: list[str]) -> int:
             traceback.print_exc()
             failed += 1
     return 1 if failed else 0
+
+
+def _runs_by_default(module_name: str) -> bool:
+    """Whether ``python -m bench`` with no names runs it: the long runs (chaos, soak) set
+    ``RUN_BY_DEFAULT = False`` and run only when named."""
+    return getattr(importlib.import_module(f"bench.{module_name}"), "RUN_BY_DEFAULT", True)
 
 
 if __name__ == "__main__":
