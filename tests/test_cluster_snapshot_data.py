@@ -180,6 +180,21 @@ def test_delete_writes_a_tombstone_for_every_chunk(cluster, uploaded):
     assert all(latest[k] is None for k in expected)
 
 
+def test_the_topic_rolls_segments_and_drops_tombstones_within_a_minute(cluster):
+    # the cleaner compacts closed segments only and keeps tombstones delete.retention.ms: a
+    # deleted snapshot's chunks must become reclaimable within minutes, not hours (a job
+    # snapshotting every second otherwise grows the topic for hours)
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    cluster()
+    resource = ConfigResource(ResourceType.TOPIC, snapshot_data_topic(cluster.name))
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    configs = admin.describe_configs([resource])[resource].result(30)
+    assert configs["cleanup.policy"].value == "compact"
+    assert int(configs["segment.ms"].value) <= 60_000
+    assert int(configs["delete.retention.ms"].value) <= 60_000
+
+
 def test_uploading_a_missing_file_names_it(cluster, tmp_path):
     with pytest.raises(SnapshotWriteError, match="nothing.bin"):
         cluster().upload(str(tmp_path), ["nothing.bin"], "j/1/m")

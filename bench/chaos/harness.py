@@ -100,7 +100,9 @@ class Brokers:
         self.down.discard(node)
 
     def topic_bytes(self, topic: str) -> int:
-        """The size on disk of ``topic``'s partitions in every broker's log directory."""
+        """The size on disk of ``topic``'s partitions in every broker's log directory: the
+        blocks allocated (as ``du``), not the files' lengths, which count the space a broker
+        reserves for the active segment's indexes (10 MiB each) before it writes them."""
         total = 0
         for data in self.rdir.glob("data-*"):
             for part in data.glob(f"{topic}-*"):
@@ -108,7 +110,7 @@ class Brokers:
                     continue
                 for f in part.iterdir():
                     try:
-                        total += f.stat().st_size
+                        total += f.stat().st_blocks * 512
                     except OSError:
                         pass
         return total

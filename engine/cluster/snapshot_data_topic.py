@@ -38,7 +38,7 @@ from jetwake.engine.cluster.membership import check_cluster_name
 from jetwake.engine.core.errors import JetwakeError, SnapshotError, SnapshotWriteError
 
 __all__ = ["SnapshotDataTopic", "SnapshotDataMissingError", "snapshot_data_topic", "files_under",
-           "CHUNK_SIZE", "PARTITIONS"]
+           "CHUNK_SIZE", "PARTITIONS", "TOPIC_CLEANUP_CONFIG"]
 
 log = logging.getLogger("jetwake.cluster")
 
@@ -51,6 +51,13 @@ PARTITIONS = 6
 # What the producer may hold not yet acknowledged: a snapshot larger than that is read from
 # disk as fast as Kafka takes it, not all into memory.
 _PRODUCER_BUFFER_KB = 256 * 1024
+# The cleaner compacts closed segments only, and keeps a tombstone delete.retention.ms: with
+# hourly segments and the clusters' day of tombstones, a job snapshotting every second grew this
+# topic for hours (7.5 MiB/h in `python -m bench soak`). Segments roll every minute and
+# tombstones go a minute after the cleaner met them, so a deleted snapshot's data is reclaimed
+# within minutes. Nothing reads this topic from the start: a reader seeks to a live snapshot's
+# refs, whose chunks are never tombstoned, so a tombstone has no reader to wait for.
+TOPIC_CLEANUP_CONFIG = {"segment.ms": str(60 * 1000), "delete.retention.ms": str(60 * 1000)}
 # Ranges of one partition closer than this many records are read as one (skipping a few records
 # costs less than a seek and a new fetch).
 _MERGE_GAP = 16
@@ -185,9 +192,7 @@ class SnapshotDataTopic:
         self._check_open()
         self._partitions = ensure_compacted_topic(
             self._admin(), self.topic, PARTITIONS, timeout,
-            # segments roll hourly, so that the cleaner can reclaim deleted snapshots' data
-            # within hours instead of after the default week
-            extra_config={"segment.ms": str(3600 * 1000)}, replication=self.replication)
+            extra_config=TOPIC_CLEANUP_CONFIG, replication=self.replication)
 
     def _partition_count(self, timeout: float) -> int:
         if self._partitions is None:
