@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 
 .PHONY: demo demo-backfill test test-unit test-integration conformance bench kafka-up kafka-down \
-	venv clean browser postgres postgres-up postgres-down
+	venv clean browser postgres postgres-up postgres-down chaos
 
 # ---- Set-up -------------------------------------------------------------------------------
 # One stamp per set of extras: `make demo` installs the package alone, `make test` adds the
@@ -113,6 +113,14 @@ conformance: $(TEST_STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench
+
+# An exactly-once job on three members and three brokers of its own under a seeded nemesis for
+# DURATION seconds (then until every fault kind happened once), every output record and the final
+# state checked: `make chaos DURATION=1800 SEED=7`. See docs/reliability.md, "The nemesis".
+DURATION ?= 120
+SEED ?= 1
+chaos: $(BASE_STAMP)
+	$(PY) -m bench chaos --duration $(DURATION) --seed $(SEED)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
