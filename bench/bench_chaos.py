@@ -145,7 +145,12 @@ def run(args: argparse.Namespace) -> dict:
                           RECOVERY_BOUND)
         nemesis.run(time.monotonic() + args.duration, time.monotonic() + 3 * args.duration + 300)
         healed = time.monotonic()
-        members.wait_serving(members.members, 180)
+        deadline = healed + 180
+        while not all(m.serving() for m in members.members):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the members did not all serve within 180 s of healing")
+            nemesis.restart_exited()
+            time.sleep(0.5)
         producer.stop.set()
         producer.join(600)
         stopped = time.monotonic()
@@ -177,7 +182,7 @@ def run(args: argparse.Namespace) -> dict:
                             f"producer stopping ({output.count():,} of {len(events):,})")
         report.update({
             "input_records": len(events), "output_records": len(output.records),
-            "faults": [f.to_dict() for f in nemesis.faults],
+            "faults": [f.to_dict() for f in nemesis.faults], "member_exits": nemesis.exits,
             "longest_stretch_without_output_s": round(longest[0], 2),
             "longest_stretch_at_s": round(longest[1] - t0, 1),
             "heal_to_producer_stop_s": round(stopped - healed, 1),
@@ -219,6 +224,9 @@ def print_report(report: dict) -> None:
               + (f"{min(rec):.1f}-{max(rec):.1f} s" if rec else "-")
               + (f"; {len(faults) - len(rec)} not within the bound" if len(rec) < len(faults)
                  else ""))
+    for e in report["member_exits"]:
+        print(f"   {e['member']} exited by itself at {e['at_s']:.0f} s (status {e['status']}; "
+              f"started again): {e['log']}")
     print(f"{'chaos: longest stretch without output':<40} "
           f"{report['longest_stretch_without_output_s']:.1f} s (at "
           f"{report['longest_stretch_at_s']:.0f} s)")

@@ -145,9 +145,20 @@ class Member:
         self.starts = 0
         self.paused = False
 
+    @property
+    def log_path(self) -> Path:
+        return self.run.root / f"member-{self.slot}-{self.starts}.log"
+
+    def last_log_line(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return next((ln for ln in reversed(lines) if "ERROR" in ln), lines[-1] if lines else "")
+
     def start(self) -> None:
         self.starts += 1
-        log = self.run.root / f"member-{self.slot}-{self.starts}.log"
+        log = self.log_path
         prefix = self.run.net.command_prefix(self.slot) if self.run.net is not None else []
         cmd = [*prefix, sys.executable, "-m", "jetwake.engine.server.cli", "member", "start",
                "--cluster", self.run.name, "--kafka", self.run.bootstrap,

@@ -67,6 +67,8 @@ class Nemesis:
         self.faults: list[Fault] = []
         self._bag: list[str] = []
         self._pending: list[tuple[str, Any]] = []  # restores owed: (kind, target)
+        # members that exited by themselves (not killed here): (seconds, member, log line)
+        self.exits: list[dict[str, Any]] = []
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -82,7 +84,22 @@ class Nemesis:
             time.sleep(self.rng.uniform(1.0, 3.0))  # steady running between faults
         self.heal_all()
 
+    def restart_exited(self) -> None:
+        """Starts again, as a supervisor would, a member whose process ended although the
+        nemesis did not kill it (a member that fails to start exits), and notes it."""
+        owed = {id(t) for kind, t in self._pending if kind == "restart-member"}
+        for m in self.members.members:
+            if m.proc is not None and not m.alive() and id(m) not in owed:
+                exit_ = {"at_s": round(time.monotonic() - self.t0, 1),
+                         "member": f"member-{m.slot}", "status": m.proc.returncode,
+                         "log": m.last_log_line()[-300:]}
+                self.exits.append(exit_)
+                self.log(f"   {exit_['at_s']:8.1f} s  member-{m.slot} exited by itself "
+                         f"(status {exit_['status']}): {exit_['log']}; started again")
+                m.start()
+
     def step(self) -> None:
+        self.restart_exited()
         if self._pending:
             kind, target = self._pending.pop(0)
         else:
@@ -188,3 +205,4 @@ class Nemesis:
             elif kind == "restart-broker":
                 self.brokers.restart(target)
         self._pending.clear()
+        self.restart_exited()
