@@ -22,6 +22,8 @@ log = logging.getLogger("jetwake.cluster")
 
 # how long a member elected coordinator may take to take over before a submission gives up
 TAKE_OVER_WAIT_S = 30.0
+# the pause before a member holding the role tries again to take over after Kafka failed it
+TAKE_OVER_RETRY_S = 1.0
 
 
 class CoordinatorRole:
@@ -108,12 +110,21 @@ class CoordinatorRole:
         with self._lock:
             if place.detector.stopped:
                 return  # leaving the cluster
-            try:
-                place.records.open_writer()
-            except Exception as e:  # noqa: BLE001 - retried at the next election
-                log.error("member %s could not take over as coordinator: %r", place.member_id,
-                          e)
-                return
+            # Kafka may not answer in time (a broker just killed or restarting, the transaction
+            # coordinator moving): no new election would follow, so the member tries again as
+            # long as it holds the role; giving up left the cluster without a coordinator
+            while True:
+                try:
+                    place.records.open_writer()
+                    break
+                except Exception as e:  # noqa: BLE001 - tried again while the role is ours
+                    if place.detector.stopped or not self.is_coordinator:
+                        log.error("member %s could not take over as coordinator: %r",
+                                  place.member_id, e)
+                        return
+                    log.warning("member %s could not take over as coordinator yet (%r); "
+                                "trying again in %.0f s", place.member_id, e, TAKE_OVER_RETRY_S)
+                    time.sleep(TAKE_OVER_RETRY_S)
             log.info("member %s coordinates cluster '%s'", place.member_id, place.cluster_name)
             try:
                 place.member.recover_jobs()
