@@ -204,7 +204,9 @@ def run(args: argparse.Namespace) -> dict:
             brokers.stop()
         if net is not None:
             net.close()
-        if report.get("passed") and not args.keep:
+        # the logs are kept when a check failed, or a fault was not recovered within the bound
+        slow = any(f.get("recovered_s") is None for f in report.get("faults", []))
+        if report.get("passed") and not slow and not args.keep:
             shutil.rmtree(root, ignore_errors=True)
 
 
