@@ -50,6 +50,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--out-of-order-ms", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--topic-prefix", default="",
+                    help="before the input topics' standard names (the peers read those)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run the 1-member jobs on a member in this process (its CPU counted)")
     ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""))
     a = ap.parse_args(argv)
     if a.events < 1000:
@@ -168,15 +172,19 @@ def print_query_table(q: Query, runs: list[Any], latency: Any, peers: dict[str, 
                   f"behind")
         else:
             print(f"  latency at {latency.rate:,} events/s: {latency.note or 'no outputs'}")
-    jw = max((r.events_per_s for r in runs if r.members == 1 and r.events_per_s), default=None)
+    # the peers beside jetwake's 1-member run (exactly-once when measured)
+    ones = [r for r in runs if r.members == 1 and r.events_per_s]
+    one = next((r for r in ones if r.guarantee == "exactly_once"), ones[0] if ones else None)
     for peer, (pr, note) in peers.items():
         if pr is None:
             print(f"  peer {peer}: not run ({note})")
             continue
         per_core = pr.events_per_s * pr.wall_s / pr.cpu_s if pr.cpu_s else None
-        ratio = f"{pr.events_per_s / jw:.2f}" if jw else "-"
-        print(f"  peer {peer}: {_k(pr.events_per_s)} events/s, {_k(per_core)} per core, "
-              f"{ratio} of jetwake (1 member); {note}")
+        ratio = (f"{per_core / one.per_core:.2f}" if one is not None and one.per_core
+                 and per_core else "-")
+        print(f"  peer {peer}: {_k(pr.events_per_s)} events/s, {_k(per_core)} per core = "
+              f"{ratio} x jetwake's per core (1 member, {one.guarantee if one else '-'}); "
+              f"{note}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -213,13 +221,13 @@ def run(a: argparse.Namespace) -> int:
         print(f"   broker {bootstrap}; {_load()}; generating and writing {a.events:,} events "
               f"({a.partitions} partitions per topic) ...", flush=True)
         inp = fill(bootstrap, GeneratorConfig(a.events, out_of_order_ms=a.out_of_order_ms),
-                   partitions=a.partitions, replace=True)
+                   prefix=a.topic_prefix, partitions=a.partitions, replace=True)
         print(f"   written in {inp.write_s:.1f} s ({a.events / inp.write_s:,.0f} events/s): "
               f"{dict(inp.counts)}", flush=True)
         results: dict[str, list[Any]] = {q.name: [] for q in queries}
         for members in a.members:
             print(f"   starting {members} member process(es) ...", flush=True)
-            with Target(bootstrap, members) as target:
+            with Target(bootstrap, members, a.in_process and members == 1) as target:
                 for q in queries:
                     for g in a.guarantees:
                         t0 = time.time()
@@ -231,7 +239,7 @@ def run(a: argparse.Namespace) -> int:
                               f"{time.time() - t0:.1f} s; {status}", flush=True)
         latencies: dict[str, Any] = {}
         if a.rate >= 0:
-            with Target(bootstrap, 1) as target:
+            with Target(bootstrap, 1, a.in_process) as target:
                 for q in queries:
                     measured = [r.events_per_s for r in results[q.name]
                                 if r.members == 1 and r.events_per_s]

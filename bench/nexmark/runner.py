@@ -14,8 +14,10 @@ One *latency run* (:func:`run_latency`): fresh input topics written at a fixed r
 ``RateWriter`` while the job runs; each output record's latency = its Kafka timestamp (and,
 apart, the moment the read_committed reader saw it) - the production time of the newest
 input it depends on, found as the first input event due at or after the newest event time
-the record carries (a bid's ``date_time`` for pass-through and selection; a window's end
-for windowed results, whose closing input is the first one due at or after that end).
+the record carries (a bid's ``date_time`` for pass-through; a window's end for windowed
+results, whose closing input is the first one due at or after that end); a record without
+an event time (q2's ``{auction, price}``) is matched to the newest input event holding its
+values.
 
 Members: ``Target`` is either an in-process :class:`jetwake.Member` (tests) or a
 :class:`bench.cluster_members.BenchCluster` of member processes (the benchmark).
@@ -331,6 +333,32 @@ def newest_event_time(record: Any, low_ms: int, high_ms: int) -> int | None:
     return best
 
 
+class InputMatcher:
+    """For an output record without an event time (q2's ``{auction, price}``): the production
+    time of the newest input event of the query's kinds whose fields of the record's names
+    hold the record's values."""
+
+    def __init__(self, events: Sequence[tuple[str, Any]], sent_ms: Sequence[int],
+                 kinds: Sequence[str]) -> None:
+        self.events, self.sent_ms, self.kinds = events, sent_ms, kinds
+        self._keys: tuple[str, ...] | None = None
+        self._index: dict[tuple, int] = {}
+
+    def produced_at(self, record: Any) -> int | None:
+        if not isinstance(record, dict):
+            return None
+        if self._keys is None:
+            sample = next((e for k, e in self.events if k in self.kinds), None)
+            self._keys = tuple(sorted(k for k in record if sample is not None and k in sample))
+            for (kind, e), sent in zip(self.events, self.sent_ms):
+                if kind in self.kinds and self._keys:
+                    key = tuple(e.get(k) for k in self._keys)
+                    self._index[key] = max(sent, self._index.get(key, sent))
+        if not self._keys:
+            return None
+        return self._index.get(tuple(record.get(k) for k in self._keys))
+
+
 def run_latency(q: Query, target: Target, bootstrap: str, rate: int, seconds: float,
                 partitions: int, guarantee: str = "exactly_once",
                 allowed_lag_ms: int = 0) -> LatencyRun:
@@ -357,11 +385,10 @@ def run_latency(q: Query, target: Target, bootstrap: str, rate: int, seconds: fl
         writer.join(30)
         lat.behind_ms = writer.behind_ms
         low, high = writer.due_ms[0] if writer.due_ms else 0, writer.due_ms[-1] + 60_000
+        matcher = InputMatcher(writer.events, writer.sent_ms, q.reads)
         for value, kafka_ms, seen_ms in zip(reader.values, reader.kafka_ms, reader.seen_ms):
             t = newest_event_time(value, low, high)
-            if t is None:
-                continue
-            sent = writer.produced_at(t)
+            sent = writer.produced_at(t) if t is not None else matcher.produced_at(value)
             if sent is None:
                 continue
             lat.kafka_ms.append(kafka_ms - sent)
