@@ -7,7 +7,7 @@ member count x guarantee runs the query as a jetwake job on fresh member process
 (``bench/nexmark/runner.py`` says what is measured and how), checks every output against the
 query's reference, and prints a table per query beside Flink 1.13's published per-core
 figures; a latency run per query at ``--rate`` events/s (default: half the measured 1-member
-exactly-once rate); Quix Streams and Bytewax beside where ``bench/nexmark/peers.py`` exists
+exactly-once rate); Quix Streams and Bytewax beside where the module ``bench.nexmark.peers`` exists
 and the query names the peer. A failed output check is printed loudly and makes the
 benchmark exit non-zero. docs/nexmark.md describes the benchmark.
 """
@@ -123,7 +123,7 @@ def run_peers(q: Query, peers: list[str], inp: Any, timeout: float) -> dict[str,
         if peer not in q.peers:
             continue
         if run_peer is None:
-            results[peer] = (None, "bench/nexmark/peers.py not there yet")
+            results[peer] = (None, "the module bench.nexmark.peers is not there yet")
             continue
         try:
             out = new_output_topic(inp.bootstrap, q, inp.partitions)
