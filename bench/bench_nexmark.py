@@ -7,9 +7,9 @@ member count x guarantee runs the query as a jetwake job on fresh member process
 (``bench/nexmark/runner.py`` says what is measured and how), checks every output against the
 query's reference, and prints a table per query beside Flink 1.13's published per-core
 figures; a latency run per query at ``--rate`` events/s (default: half the measured 1-member
-exactly-once rate); Quix Streams and Bytewax beside where the module ``bench.nexmark.peers`` exists
-and the query names the peer. A failed output check is printed loudly and makes the
-benchmark exit non-zero. docs/nexmark.md describes the benchmark.
+exactly-once rate); Quix Streams and Bytewax beside where the module
+``bench.nexmark.peers`` exists and the query names the peer. A failed output check is
+printed loudly and makes the benchmark exit non-zero. docs/nexmark.md describes the benchmark.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ from bench.nexmark.queries import QUERY_NAMES, Query, query
 FLINK_PER_CORE = {"q0": 155_000, "q1": 158_000, "q2": 175_000, "q4": 34_300, "q5": 22_100,
                   "q7": 12_300, "q8": 146_000, "q11": 39_700}
 PEERS = ("quix", "bytewax")
-DEFAULT_EVENTS = 200_000
+DEFAULT_EVENTS = 100_000
+# the latency runs' default input rate: half the measured rate, at most this (a Python
+# producer on the same cores as the members keeps to it)
+MAX_DEFAULT_RATE = 20_000
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -45,8 +48,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--guarantees", default=",".join(GUARANTEES))
     ap.add_argument("--peers", default=",".join(PEERS), help="'' or none for no peers")
     ap.add_argument("--rate", type=int, default=0,
-                    help="events/s of the latency runs (0: half the measured rate; -1: none)")
-    ap.add_argument("--latency-seconds", type=float, default=10.0)
+                    help="events/s of the latency runs (0: half the measured rate, at most "
+                    f"{MAX_DEFAULT_RATE:,}; -1: none)")
+    ap.add_argument("--latency-seconds", type=float, default=5.0)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--out-of-order-ms", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=300.0)
@@ -243,7 +247,8 @@ def run(a: argparse.Namespace) -> int:
                 for q in queries:
                     measured = [r.events_per_s for r in results[q.name]
                                 if r.members == 1 and r.events_per_s]
-                    rate = a.rate or int(max(measured, default=0) / 2)
+                    rate = a.rate or int(min(max(measured, default=0) / 2,
+                                             MAX_DEFAULT_RATE))
                     if rate < 1:
                         continue
                     latencies[q.name] = run_latency(q, target, bootstrap, rate,

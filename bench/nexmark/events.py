@@ -12,6 +12,9 @@ from typing import TypedDict
 PERSON_TOPIC = "nexmark-person"
 AUCTION_TOPIC = "nexmark-auction"
 BID_TOPIC = "nexmark-bid"
+# a record holding this field is no event but the end of the input (see
+# bench/nexmark/kafka_input.py): readers drop it, after its event time moved their watermark
+END_MARKER_FIELD = "end_of_input"
 
 
 class Person(TypedDict):

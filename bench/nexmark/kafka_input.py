@@ -20,11 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.nexmark.events import AUCTION_TOPIC, BID_TOPIC, PERSON_TOPIC
+from bench.nexmark.events import AUCTION_TOPIC, BID_TOPIC, END_MARKER_FIELD, PERSON_TOPIC
 from bench.nexmark.generator import Event, GeneratorConfig, generate
 
 TOPICS = {"person": PERSON_TOPIC, "auction": AUCTION_TOPIC, "bid": BID_TOPIC}
 DEFAULT_PARTITIONS = 4
+END_MARKER_DELAY_MS = 24 * 3600 * 1000  # the markers' event time: a day after the last event
 # lz4 measured best on this machine's loopback broker (docs/nexmark.md, "Writing the input")
 PRODUCER_SETTINGS = {"linger.ms": 20, "batch.size": 1_000_000, "compression.type": "lz4",
                      "queue.buffering.max.messages": 1_000_000,
@@ -41,6 +42,7 @@ class KafkaInput:
     events: list[tuple[str, Event]]
     write_s: float = 0.0
     counts: Counter = field(default_factory=Counter)
+    end_markers: bool = True
 
     def topic(self, kind: str) -> str:
         return self.prefix + TOPICS[kind]
@@ -49,10 +51,23 @@ class KafkaInput:
         """How many of the events are of ``kinds`` (what a query reading them consumes)."""
         return sum(self.counts[k] for k in kinds)
 
+    def records(self, kinds: Sequence[str]) -> int:
+        """How many records the topics of ``kinds`` hold: the events and the end markers."""
+        return self.reads(kinds) + (self.partitions if self.end_markers else 0) * len(kinds)
+
 
 def key_of(kind: str, event: Any) -> bytes:
     """The record key: a person's or auction's id, a bid's auction."""
     return str(event["auction"] if kind == "bid" else event["id"]).encode()
+
+
+def end_marker(event_time_ms: int) -> dict:
+    """The record that ends a topic's partition: no event, an event time past every window."""
+    return {END_MARKER_FIELD: True, "date_time": event_time_ms}
+
+
+def is_end_marker(record: Any) -> bool:
+    return isinstance(record, dict) and END_MARKER_FIELD in record
 
 
 def encode(event: Any) -> bytes:
@@ -112,12 +127,14 @@ def producer(bootstrap: str, settings: dict | None = None) -> Any:
 
 def fill(bootstrap: str, config: GeneratorConfig, prefix: str = "",
          partitions: int = DEFAULT_PARTITIONS, settings: dict | None = None,
-         replace: bool = False) -> KafkaInput:
-    """Creates the topics and writes ``config``'s events into them as fast as it can."""
+         replace: bool = False, end_markers: bool = True) -> KafkaInput:
+    """Creates the topics and writes ``config``'s events into them as fast as it can, then
+    (``end_markers``) one end marker per partition: a bounded input's end, which moves the
+    watermark of a job reading it past every window (the queries drop the marker itself)."""
     events = list(generate(config))
     create_topics(bootstrap, prefix, partitions, replace)
     inp = KafkaInput(bootstrap, prefix, partitions, events,
-                     counts=Counter(k for k, _ in events))
+                     counts=Counter(k for k, _ in events), end_markers=end_markers)
     p = producer(bootstrap, settings)
     topics = {k: inp.topic(k) for k in TOPICS}
     t0 = time.perf_counter()
@@ -130,6 +147,13 @@ def fill(bootstrap: str, config: GeneratorConfig, prefix: str = "",
                 p.poll(0.05)
         if i % 10_000 == 0:
             p.poll(0)
+    if end_markers:
+        # after every event of its partition (the producer keeps a partition's order)
+        at = max((e["date_time"] for _, e in events), default=config.start_ms)
+        marker = encode(end_marker(at + END_MARKER_DELAY_MS))
+        for topic in topics.values():
+            for part in range(partitions):
+                p.produce(topic, marker, b"end", partition=part)
     left = p.flush(120)
     inp.write_s = time.perf_counter() - t0
     if left:
@@ -164,8 +188,8 @@ class RateWriter:
         """Generates the events and starts writing them (the topics must exist:
         :func:`create_topics` with the same prefix)."""
         n = int(self.rate * self.seconds)
-        # the first event is due once all are generated (about 100k events/s here)
-        self._t0_ms = int(time.time() * 1000) + 200 + n // 100
+        # the first event is due once all are generated and encoded (about 50k/s here)
+        self._t0_ms = int(time.time() * 1000) + 200 + n // 50
         config = GeneratorConfig(n, rate=self.rate,
                                  seed=self.seed, start_ms=self._t0_ms)
         self.events = list(generate(config))
@@ -177,14 +201,27 @@ class RateWriter:
         try:
             p = producer(self.bootstrap, {**PRODUCER_SETTINGS, "linger.ms": 1})
             topics = {k: self.prefix + TOPICS[k] for k in TOPICS}
-            for (kind, event), due in zip(self.events, self.due_ms):
-                wait = due / 1000 - time.time()
+            records = [(topics[kind], encode(e), key_of(kind, e)) for kind, e in self.events]
+            sent = self.sent_ms
+            i, n = 0, len(records)
+            while i < n:
+                now_s = time.time()
+                wait = self.due_ms[i] / 1000 - now_s
                 if wait > 0:
                     time.sleep(wait)
-                now = int(time.time() * 1000)
-                self.behind_ms = max(self.behind_ms, now - due)
-                p.produce(topics[kind], encode(event), key_of(kind, event), timestamp=now)
-                self.sent_ms.append(now)
+                    now_s = time.time()
+                now = int(now_s * 1000)
+                self.behind_ms = max(self.behind_ms, now - self.due_ms[i])
+                # every event due by now, in one go, each stamped with this moment
+                while i < n and self.due_ms[i] <= now:
+                    topic, value, key = records[i]
+                    try:
+                        p.produce(topic, value, key, timestamp=now)
+                    except BufferError:
+                        p.poll(0.01)
+                        continue
+                    sent.append(now)
+                    i += 1
                 p.poll(0)
             p.flush(60)
         except BaseException as e:  # noqa: BLE001 - reported by join()

@@ -19,7 +19,7 @@ from typing import Any
 from jetwake import Pipeline, Sources
 from jetwake.engine.pipeline.pipeline import Stage
 
-from bench.nexmark.events import AUCTION_TOPIC, BID_TOPIC, PERSON_TOPIC
+from bench.nexmark.events import AUCTION_TOPIC, BID_TOPIC, END_MARKER_FIELD, PERSON_TOPIC
 from bench.nexmark.generator import Event
 
 KINDS = ("person", "auction", "bid")
@@ -33,7 +33,10 @@ class NexmarkInputs:
     ``kafka`` (consumer properties) reads the three topics; ``events`` (a list of
     ``(kind, record)`` pairs, as the generator yields) reads from memory instead, for
     tests of a query's logic without a broker. ``allowed_lag_ms`` bounds the disorder the
-    watermark allows (the generator's ``out_of_order_ms``).
+    watermark allows (the generator's ``out_of_order_ms``). From Kafka, the end-of-input
+    markers ``bench.nexmark.kafka_input.fill`` writes (a record with ``END_MARKER_FIELD``, an
+    event time a day after the last event, one per partition) end the input as a bounded
+    source's end would: they move the watermark past every window and are then dropped.
     """
 
     pipeline: Pipeline
@@ -67,11 +70,19 @@ class NexmarkInputs:
                 Sources.items([e for k, e in self.events if k == kind]))
         else:
             raise ValueError("NexmarkInputs: give kafka (consumer properties) or events")
-        return stage.with_timestamps(_date_time, self.allowed_lag_ms).set_name(f"{kind}s")
+        stage = stage.with_timestamps(_date_time, self.allowed_lag_ms).set_name(f"{kind}s")
+        if self.kafka is not None:
+            # the end-of-input markers moved the watermark past every window; no query sees them
+            stage = stage.filter(_not_end_marker).set_name(f"{kind}s-events")
+        return stage
 
 
 def _value(record: Any) -> Any:
     return record.value
+
+
+def _not_end_marker(event: Any) -> bool:
+    return END_MARKER_FIELD not in event
 
 
 def _date_time(event: Any) -> int:
