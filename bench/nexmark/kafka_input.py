@@ -162,7 +162,8 @@ def fill(bootstrap: str, config: GeneratorConfig, prefix: str = "",
 
 
 class RateWriter:
-    """Writes events at ``rate`` events/s on a thread, from ``start()`` for ``seconds``.
+    """Writes events at ``rate`` events/s on a thread, from ``start()`` for ``seconds`` (or
+    until ``stop()``).
 
     Event ``n`` is due at ``t0 + n / rate``; its ``date_time`` is that moment (ms) and its
     record's Kafka timestamp the moment it was handed to the producer. :meth:`produced_at`
@@ -181,19 +182,17 @@ class RateWriter:
         self.sent_ms: list[int] = []
         self.behind_ms = 0
         self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self.start_ms = 0
         self._thread = threading.Thread(target=self._run, name="nexmark-rate-writer",
                                         daemon=True)
 
     def start(self) -> "RateWriter":
-        """Generates the events and starts writing them (the topics must exist:
-        :func:`create_topics` with the same prefix)."""
-        n = int(self.rate * self.seconds)
-        # the first event is due once all are generated and encoded (about 50k/s here)
-        self._t0_ms = int(time.time() * 1000) + 200 + n // 50
-        config = GeneratorConfig(n, rate=self.rate,
-                                 seed=self.seed, start_ms=self._t0_ms)
-        self.events = list(generate(config))
-        self.due_ms = [e["date_time"] for _, e in self.events]
+        """Starts writing (the topics must exist: :func:`create_topics` with the same
+        prefix). The events are generated as they are written."""
+        self.start_ms = int(time.time() * 1000) + 300
+        self._config = GeneratorConfig(int(self.rate * self.seconds), rate=self.rate,
+                                       seed=self.seed, start_ms=self.start_ms)
         self._thread.start()
         return self
 
@@ -201,31 +200,34 @@ class RateWriter:
         try:
             p = producer(self.bootstrap, {**PRODUCER_SETTINGS, "linger.ms": 1})
             topics = {k: self.prefix + TOPICS[k] for k in TOPICS}
-            records = [(topics[kind], encode(e), key_of(kind, e)) for kind, e in self.events]
-            sent = self.sent_ms
-            i, n = 0, len(records)
-            while i < n:
-                now_s = time.time()
-                wait = self.due_ms[i] / 1000 - now_s
-                if wait > 0:
+            for kind, event in generate(self._config):
+                if self._stop.is_set():
+                    break
+                due = event["date_time"]
+                wait = due / 1000 - time.time()
+                if wait > 0.001:
                     time.sleep(wait)
-                    now_s = time.time()
-                now = int(now_s * 1000)
-                self.behind_ms = max(self.behind_ms, now - self.due_ms[i])
-                # every event due by now, in one go, each stamped with this moment
-                while i < n and self.due_ms[i] <= now:
-                    topic, value, key = records[i]
+                now = int(time.time() * 1000)
+                self.behind_ms = max(self.behind_ms, now - due)
+                value, key = encode(event), key_of(kind, event)
+                while True:
                     try:
-                        p.produce(topic, value, key, timestamp=now)
+                        p.produce(topics[kind], value, key, timestamp=now)
+                        break
                     except BufferError:
                         p.poll(0.01)
-                        continue
-                    sent.append(now)
-                    i += 1
-                p.poll(0)
+                self.events.append((kind, event))
+                self.due_ms.append(due)
+                self.sent_ms.append(now)
+                if len(self.sent_ms) % 200 == 0:
+                    p.poll(0)
             p.flush(60)
         except BaseException as e:  # noqa: BLE001 - reported by join()
             self.error = e
+
+    def stop(self) -> None:
+        """Ends the writing early."""
+        self._stop.set()
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
