@@ -205,7 +205,7 @@ def run(a: argparse.Namespace) -> int:
     from bench.bench_cluster import local_broker_pid
     from bench.nexmark.generator import GeneratorConfig
     from bench.nexmark.kafka_input import fill
-    from bench.nexmark.runner import Target, run_latency, run_query
+    from bench.nexmark.runner import LatencyRun, QueryRun, Target, run_latency, run_query
 
     cloudpickle.register_pickle_by_value(bench.nexmark)
     queries = load_queries(a.queries)
@@ -241,7 +241,10 @@ def run(a: argparse.Namespace) -> int:
                 for q in queries:
                     for g in a.guarantees:
                         t0 = time.time()
-                        r = run_query(q, inp, target, g, a.timeout, broker)
+                        try:
+                            r = run_query(q, inp, target, g, a.timeout, broker)
+                        except Exception as e:  # noqa: BLE001 - a failed row, not the end
+                            r = QueryRun(q.name, members, g, note=f"{type(e).__name__}: {e}")
                         results[q.name].append(r)
                         status = "ok" if r.ok else "FAILED " + "; ".join(r.problems) + r.note
                         print(f"   {q.name} {members} member(s) {g}: {_k(r.events_per_s)} "
@@ -257,8 +260,12 @@ def run(a: argparse.Namespace) -> int:
                                              MAX_DEFAULT_RATE))
                     if rate < 1:
                         continue
-                    latencies[q.name] = run_latency(q, target, bootstrap, rate,
-                                                    a.latency_seconds, a.partitions)
+                    try:
+                        latencies[q.name] = run_latency(q, target, bootstrap, rate,
+                                                        a.latency_seconds, a.partitions)
+                    except Exception as e:  # noqa: BLE001 - reported in the table
+                        latencies[q.name] = LatencyRun(q.name, rate,
+                                                       note=f"{type(e).__name__}: {e}")
         for q in queries:
             peers = run_peers(q, a.peers, inp, a.timeout) if a.peers else {}
             print_query_table(q, results[q.name], latencies.get(q.name), peers)

@@ -68,6 +68,7 @@ class Target:
         self.bootstrap, self.members, self.in_process = bootstrap, members, in_process
         self._member: Any = None
         self._cluster: Any = None
+        self._client: Any = None
         self._dir: str | None = None
 
     def __enter__(self) -> "Target":
@@ -82,6 +83,7 @@ class Target:
             from bench.cluster_members import BenchCluster
             self._cluster = BenchCluster(self.bootstrap, self.members, MEMBER_ARGS)
             self._cluster.__enter__()
+            self._client = self._cluster.client()  # one connection for every job's calls
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -89,6 +91,8 @@ class Target:
             self._member.shutdown()
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
+        if self._client is not None:
+            self._client.close()
         if self._cluster is not None:
             self._cluster.__exit__(*exc)
 
@@ -98,10 +102,7 @@ class Target:
     def new_job(self, pipeline: Pipeline, config: JobConfig) -> Any:
         if self._member is not None:
             return self._member.new_job(pipeline, config)
-        with self._cluster.client() as client:
-            job = client.new_job(pipeline, config)
-        job._client = self._cluster.client()  # keep a connection for the job's calls
-        return job
+        return self._client.new_job(pipeline, config)
 
 
 def job_config(q: Query, guarantee: str) -> JobConfig:
@@ -224,8 +225,6 @@ def run_query(q: Query, inp: KafkaInput, target: Target, guarantee: str,
     pids = target.pids()
     job = None
     try:
-        cpu0 = cpu_of(pids)
-        bcpu0 = process_cpu(broker_pid) if broker_pid else None
         t_submit = time.time()
         job = target.new_job(pipeline_for(q, bootstrap, inp.prefix, out), job_config(q, guarantee))
         deadline = time.monotonic() + timeout
@@ -241,7 +240,6 @@ def run_query(q: Query, inp: KafkaInput, target: Target, guarantee: str,
             else:
                 time.sleep(0.005)
         run.startup_s = t_first - t_submit
-        del cpu0, bcpu0
         t_sources_done = None
         last_growth = time.monotonic()
         snaps: dict[int, Any] = {}
