@@ -139,3 +139,27 @@ def test_benchmark_runs_a_query_end_to_end_with_its_table_and_latency(kafka_boot
     row = next(line for line in out.splitlines() if "1 member, at_least_once" in line)
     assert "OK (" in row and "175.0k" in row    # checked, Flink's per-core figure beside
     assert "latency at 3,000 events/s" in out and "p50/p95/p99" in out
+
+
+@pytest.mark.kafka
+@pytest.mark.integration
+def test_benchmark_fails_loudly_when_an_output_differs_from_its_reference(
+        kafka_bootstrap, capsys, monkeypatch):
+    import dataclasses
+
+    from bench.bench_nexmark import parse_args, run
+    from bench.nexmark.queries import q2
+
+    # a reference that expects one record the job never writes, and none of those it writes
+    wrong = dataclasses.replace(q2.QUERY, reference=lambda _: Counter({(123, -1): 1}))
+    monkeypatch.setattr(q2, "QUERY", wrong)
+    code = run(parse_args([
+        "--events", "2000", "--queries", "q2", "--members", "1", "--guarantees",
+        "at_least_once", "--peers", "none", "--rate", "-1", "--partitions", "2",
+        "--in-process", "--bootstrap", kafka_bootstrap,
+        "--topic-prefix", f"f{uuid.uuid4().hex[:8]}-"]))
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "CHECK FAILED: q2: 1 expected records missing, e.g. [(123, -1)]" in out
+    assert "unexpected records" in out
+    assert "!!! 1 run(s) FAILED their output check" in out

@@ -44,6 +44,7 @@ from bench.nexmark.queries import NexmarkInputs, Query, check_output
 
 GUARANTEES = ("exactly_once", "at_least_once")
 SNAPSHOT_INTERVAL_MS = 1000
+EXTRA_WAIT_S = 1.0  # reading on after the expected count arrived
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -258,6 +259,11 @@ def run_query(q: Query, inp: KafkaInput, target: Target, guarantee: str,
                 if rec is not None:
                     snaps[rec.snapshot_id] = rec
             if want is not None and len(reader.values) >= want and t_sources_done is not None:
+                # the count is there: a moment more for records beyond it (duplicates, wrong
+                # ones), which the check then reports
+                grace = time.monotonic() + EXTRA_WAIT_S
+                while time.monotonic() < grace:
+                    reader.read()
                 break
             if t_sources_done is not None and want is None and now >= next_check:
                 # a query checked otherwise (processing-time windows): until its check passes
