@@ -131,7 +131,8 @@ def run_peers(q: Query, peers: list[str], inp: Any, timeout: float) -> dict[str,
             continue
         try:
             out = new_output_topic(inp.bootstrap, q, inp.partitions)
-            r = run_peer(peer, q.name, inp.bootstrap, out, inp.events, timeout)
+            extra = {"topic_prefix": inp.prefix} if inp.prefix else {}
+            r = run_peer(peer, q.name, inp.bootstrap, out, inp.events, timeout, **extra)
             problems = check_output(q, inp.events, list(r.outputs))
             results[peer] = (r, "; ".join(problems) if problems else "output checked")
         except Exception as e:  # noqa: BLE001 - a failed peer is a row, not the end
