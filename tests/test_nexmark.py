@@ -92,6 +92,30 @@ def test_check_output_names_missing_and_unexpected_records():
     assert problems[1].startswith("q1: 1 unexpected records")
 
 
+def test_latency_counts_from_the_newest_event_time_an_output_carries():
+    from bench.nexmark.runner import newest_event_time
+
+    low, high = 1_700_000_000_000, 1_700_000_100_000
+    bid = {"auction": 1_000, "price": 5_000_000, "date_time": low + 1_234}
+    window = {"auction": 1_000, "count": 3, "start": low + 10_000, "end": low + 20_000}
+    assert newest_event_time(bid, low, high) == low + 1_234
+    assert newest_event_time(window, low, high) == low + 20_000   # the window's end
+    assert newest_event_time({"auction": 1_107, "price": 3}, low, high) is None
+
+
+def test_latency_of_an_output_without_event_time_counts_from_the_newest_input_it_holds():
+    from bench.nexmark.runner import InputMatcher
+
+    events = [("bid", {"auction": 1107, "price": 3, "date_time": 1}),
+              ("person", {"id": 1107, "date_time": 2}),
+              ("bid", {"auction": 1107, "price": 3, "date_time": 3}),
+              ("bid", {"auction": 1230, "price": 3, "date_time": 4})]
+    matcher = InputMatcher(events, [10, 20, 30, 40], ("bid",))
+    assert matcher.produced_at({"auction": 1107, "price": 3}) == 30
+    assert matcher.produced_at({"auction": 1230, "price": 3}) == 40
+    assert matcher.produced_at({"auction": 1230, "price": 4}) is None
+
+
 # --- through Kafka ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
