@@ -244,17 +244,21 @@ def run_query(q: Query, inp: KafkaInput, target: Target, guarantee: str,
         t_sources_done = None
         last_growth = time.monotonic()
         snaps: dict[int, Any] = {}
-        next_poll = next_check = 0.0
+        # each poll is a call the member answers (its CPU counts): the sources' progress
+        # every 0.1 s, the last snapshot (one a second) every 0.5 s
+        next_poll = next_snapshot = next_check = 0.0
         while True:
             if reader.read():
                 last_growth = time.monotonic()
             now = time.monotonic()
-            if now >= next_poll:
+            if now >= next_poll and t_sources_done is None:
                 next_poll = now + 0.1
-                if t_sources_done is None and _records_in(job) >= inp.records(q.reads):
+                if _records_in(job) >= inp.records(q.reads):
                     t_sources_done = time.time()
                     cpu_sources = cpu_of(pids)
                     bcpu_sources = process_cpu(broker_pid) if broker_pid else None
+            if now >= next_snapshot:
+                next_snapshot = now + 0.5
                 rec = job.last_snapshot
                 if rec is not None:
                     snaps[rec.snapshot_id] = rec
