@@ -1,6 +1,6 @@
 """NEXMark through Kafka: ``python -m bench nexmark [--events N] [--queries q0,q5]
 [--members 1,2] [--guarantees exactly_once,at_least_once] [--peers quix,bytewax] [--rate R]
-[--latency-seconds S] [--partitions P] [--bootstrap HOST:PORT]``.
+[--latency-seconds S] [--latency-guarantees G] [--partitions P] [--bootstrap HOST:PORT]``.
 
 Fills the three input topics once with ``--events`` generated events, then for each query x
 member count x guarantee runs the query as a jetwake job on fresh member processes' cluster
@@ -51,6 +51,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="events/s of the latency runs (0: half the measured rate, at most "
                     f"{MAX_DEFAULT_RATE:,}; -1: none)")
     ap.add_argument("--latency-seconds", type=float, default=5.0)
+    ap.add_argument("--latency-guarantees", default="exactly_once",
+                    help="the guarantees of the latency runs (exactly_once,at_least_once)")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--out-of-order-ms", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=300.0)
@@ -75,6 +77,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.guarantees = [x.strip() for x in a.guarantees.split(",") if x.strip()]
     if not a.guarantees or any(g not in GUARANTEES for g in a.guarantees):
         ap.error(f"--guarantees takes some of {','.join(GUARANTEES)}, got {a.guarantees}")
+    a.latency_guarantees = [x.strip() for x in a.latency_guarantees.split(",") if x.strip()]
+    if not a.latency_guarantees or any(g not in GUARANTEES for g in a.latency_guarantees):
+        ap.error(f"--latency-guarantees takes some of {','.join(GUARANTEES)}, got "
+                 f"{a.latency_guarantees}")
     a.peers = [x.strip() for x in a.peers.split(",") if x.strip() and x.strip() != "none"]
     if any(p not in PEERS for p in a.peers):
         ap.error(f"--peers takes some of {','.join(PEERS)} (or none), got {a.peers}")
@@ -140,7 +146,8 @@ def run_peers(q: Query, peers: list[str], inp: Any, timeout: float) -> dict[str,
     return results
 
 
-def print_query_table(q: Query, runs: list[Any], latency: Any, peers: dict[str, Any]) -> None:
+def print_query_table(q: Query, runs: list[Any], latencies: list[Any],
+                      peers: dict[str, Any]) -> None:
     flink = FLINK_PER_CORE.get(q.name)
     print(f"\n{q.name}: {q.title}  (events/s = input events read / first record read -> "
           f"last output or end of input; per core = / member CPU s; {_load()})")
@@ -167,16 +174,17 @@ def print_query_table(q: Query, runs: list[Any], latency: Any, peers: dict[str, 
         if r.members > 1 and r.events_per_s and base.get(r.guarantee):
             print(f"  {r.members} members / 1 member ({r.guarantee}): "
                   f"{r.events_per_s / base[r.guarantee]:.2f}")
-    if latency is not None:
+    for latency in latencies:
         k, v = latency.percentiles("kafka"), latency.percentiles("visible")
         if k and v:
-            print(f"  latency at {latency.rate:,} events/s (1 member, exactly-once, "
+            print(f"  latency at {latency.rate:,} events/s (1 member, {latency.guarantee}, "
                   f"{len(latency.kafka_ms):,} outputs): by Kafka timestamp p50/p95/p99 "
                   f"{k[0]:.0f}/{k[1]:.0f}/{k[2]:.0f} ms; visible to a read_committed reader "
                   f"{v[0]:.0f}/{v[1]:.0f}/{v[2]:.0f} ms; writer at most {latency.behind_ms} ms "
                   f"behind")
         else:
-            print(f"  latency at {latency.rate:,} events/s: {latency.note or 'no outputs'}")
+            print(f"  latency at {latency.rate:,} events/s ({latency.guarantee}): "
+                  f"{latency.note or 'no outputs'}")
     # the peers beside jetwake's 1-member run (exactly-once when measured)
     ones = [r for r in runs if r.members == 1 and r.events_per_s]
     one = next((r for r in ones if r.guarantee == "exactly_once"), ones[0] if ones else None)
@@ -251,7 +259,7 @@ def run(a: argparse.Namespace) -> int:
                         print(f"   {q.name} {members} member(s) {g}: {_k(r.events_per_s)} "
                               f"events/s, {_k(r.per_core)} per core, {r.outputs:,} outputs, "
                               f"{time.time() - t0:.1f} s; {status}", flush=True)
-        latencies: dict[str, Any] = {}
+        latencies: dict[str, list[Any]] = {q.name: [] for q in queries}
         if a.rate >= 0:
             with Target(bootstrap, 1, a.in_process) as target:
                 for q in queries:
@@ -261,15 +269,16 @@ def run(a: argparse.Namespace) -> int:
                                              MAX_DEFAULT_RATE))
                     if rate < 1:
                         continue
-                    try:
-                        latencies[q.name] = run_latency(q, target, bootstrap, rate,
-                                                        a.latency_seconds, a.partitions)
-                    except Exception as e:  # noqa: BLE001 - reported in the table
-                        latencies[q.name] = LatencyRun(q.name, rate,
-                                                       note=f"{type(e).__name__}: {e}")
+                    for g in a.latency_guarantees:
+                        try:
+                            lat = run_latency(q, target, bootstrap, rate, a.latency_seconds,
+                                              a.partitions, g)
+                        except Exception as e:  # noqa: BLE001 - reported in the table
+                            lat = LatencyRun(q.name, rate, g, note=f"{type(e).__name__}: {e}")
+                        latencies[q.name].append(lat)
         for q in queries:
             peers = run_peers(q, a.peers, inp, a.timeout) if a.peers else {}
-            print_query_table(q, results[q.name], latencies.get(q.name), peers)
+            print_query_table(q, results[q.name], latencies[q.name], peers)
             for r in results[q.name]:
                 if r.problems or r.events_per_s is None:
                     failed += 1

@@ -321,6 +321,7 @@ def run_query(q: Query, inp: KafkaInput, target: Target, guarantee: str,
 class LatencyRun:
     query: str
     rate: int
+    guarantee: str = "exactly_once"
     outputs: int = 0
     kafka_ms: list[float] = field(default_factory=list)     # by the output's Kafka timestamp
     visible_ms: list[float] = field(default_factory=list)   # when the reader saw it
@@ -384,7 +385,7 @@ def run_latency(q: Query, target: Target, bootstrap: str, rate: int, seconds: fl
     or session gap needs more than 10 s of input before its first result."""
     from bench.nexmark.kafka_input import create_topics
 
-    lat = LatencyRun(q.name, rate)
+    lat = LatencyRun(q.name, rate, guarantee)
     prefix = f"lat-{q.name}-{uuid.uuid4().hex[:6]}-"
     writer = RateWriter(bootstrap, prefix, rate, max_seconds, partitions=partitions)
     create_topics(bootstrap, prefix, partitions)
