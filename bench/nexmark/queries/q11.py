@@ -20,7 +20,6 @@ from jetwake.engine.pipeline.pipeline import Stage
 
 from bench.nexmark.generator import Event
 from bench.nexmark.queries import NexmarkInputs, Query
-from tests.support.window_reference import session_reference
 
 GAP_MS = 10_000
 
@@ -48,6 +47,9 @@ def comparable(record: Any) -> Hashable:
 
 
 def reference(events: Sequence[tuple[str, Event]]) -> Counter:
+    # imported here: the processes that run the query (cluster members) never need it
+    from tests.support.window_reference import session_reference
+
     sessions = session_reference([(e["date_time"], e["bidder"]) for k, e in events if k == "bid"],
                                  GAP_MS)
     return Counter((bidder, n, start, end) for start, end, bidder, n in sessions)

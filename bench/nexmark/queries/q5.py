@@ -22,7 +22,6 @@ from jetwake.engine.pipeline.pipeline import Stage
 
 from bench.nexmark.generator import Event
 from bench.nexmark.queries import NexmarkInputs, Query
-from tests.support.window_reference import sliding_reference
 
 SIZE_MS, SLIDE_MS = 10_000, 2_000
 
@@ -116,6 +115,9 @@ def comparable(record: Any) -> Hashable:
 
 
 def reference(events: Sequence[tuple[str, Event]]) -> Counter:
+    # imported here: the processes that run the query (cluster members) never need it
+    from tests.support.window_reference import sliding_reference
+
     counts = sliding_reference([(e["date_time"], e["auction"]) for k, e in events if k == "bid"],
                                SIZE_MS, SLIDE_MS)
     top: dict[tuple[int, int], int] = {}
