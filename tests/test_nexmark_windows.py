@@ -1,21 +1,21 @@
 """The NEXMark window queries (q5 hot items, q7 highest bid, q11 user sessions, q12
 processing-time windows) against their plain-Python references: on generated events in
 memory, in order and out of order within the allowed lag, and q5 through Kafka (the three
-topics, exactly-once with 1 s snapshots and RocksDB state, the output read back committed)."""
+topics as bench.nexmark.kafka_input fills them, exactly-once with 1 s snapshots and RocksDB
+state, the output read back committed)."""
 from __future__ import annotations
 
 import json
 import uuid
-from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.nexmark.generator import GeneratorConfig, generate
-from bench.nexmark.queries import KINDS, TOPICS, NexmarkInputs, check_output, query
+from bench.nexmark.kafka_input import fill
+from bench.nexmark.queries import KINDS, NexmarkInputs, check_output, query
 from jetwake import JobConfig, Member, Pipeline, Sinks
-from support.kafka_broker import wait_for_topic
 from support.waiting import wait_until
 
 # 4,000 events at 100 events/s of event time: 40 s, so 4 tumbling windows of q7, about 25
@@ -23,6 +23,7 @@ from support.waiting import wait_until
 RATE = 100
 EVENTS = 4_000
 DISORDER_MS = 1_500
+BASE = 1_700_000_000_000  # a multiple of every window size
 
 
 def events_of(out_of_order_ms: int = 0, seed: int = 7) -> list:
@@ -47,10 +48,6 @@ def late_events(metrics: dict) -> int:
     return sum(v.get("late_events", 0) for v in metrics.values())
 
 
-def windows_with_ties(records: list, window_field: str = "endtime") -> int:
-    return sum(1 for n in Counter(r[window_field] for r in records).values() if n > 1)
-
-
 # --- in memory ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["q5", "q7", "q11"])
@@ -72,14 +69,30 @@ def test_window_query_equals_its_reference_on_events_out_of_order_within_the_all
     assert late_events(metrics) == 0
 
 
-@pytest.mark.parametrize("name", ["q5", "q7"])
-def test_every_tied_record_of_a_window_is_output(name):
-    """q5's auctions with the same highest count and q7's bids with the same highest price
-    all come out, one record each, and the reference has the same ties."""
-    events = events_of()
-    outputs, _ = run_in_memory(name, events)
-    assert windows_with_ties(outputs) >= 1
-    assert check_output(query(name), events, outputs) == []
+def bid(auction: int, bidder: int, price: int, at: int) -> tuple[str, dict]:
+    return ("bid", {"auction": auction, "bidder": bidder, "price": price, "channel": "Google",
+                    "url": "", "date_time": BASE + at, "extra": ""})
+
+
+def test_q5_outputs_every_auction_tied_for_the_most_bids_in_each_window():
+    # in the frame [0 s, 2 s): auctions 1 and 2 have 3 bids each, auction 3 one
+    events = [bid(a, 100 + i, 10, 100 * i) for i, a in enumerate([1, 2, 1, 3, 2, 1, 2])]
+    outputs, _ = run_in_memory("q5", events)
+    windows = {(r["starttime"] - BASE, r["endtime"] - BASE) for r in outputs}
+    assert windows == {(s, s + 10_000) for s in range(-8_000, 2_000, 2_000)}
+    for start, end in windows:
+        assert sorted((r["auction"], r["num"]) for r in outputs
+                      if r["starttime"] - BASE == start) == [(1, 3), (2, 3)]
+    assert check_output(query("q5"), events, outputs) == []
+
+
+def test_q7_outputs_every_bid_tied_for_the_highest_price_in_each_window():
+    events = [bid(1, 101, 50, 1_000), bid(2, 102, 10, 2_000), bid(3, 103, 50, 9_999),
+              bid(4, 104, 70, 10_000)]
+    outputs, _ = run_in_memory("q7", events)
+    assert sorted((r["bidder"], r["price"], r["endtime"] - BASE) for r in outputs) == [
+        (101, 50, 10_000), (103, 50, 10_000), (104, 70, 20_000)]
+    assert check_output(query("q7"), events, outputs) == []
 
 
 def test_q7_outputs_the_highest_price_of_each_tumbling_window_with_the_window_end():
@@ -124,52 +137,9 @@ def test_q12_check_reports_a_window_not_aligned_and_counts_that_do_not_add_up():
 
 # --- through Kafka -----------------------------------------------------------------------------
 
-def create_topics(bootstrap: str, prefix: str, partitions: dict[str, int]) -> list[str]:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    names = {kind: prefix + TOPICS[kind] for kind in KINDS}
-    out = prefix + "out"
-    new = [NewTopic(names[k], num_partitions=partitions.get(k, 1), replication_factor=1,
-                    config={"retention.ms": "-1"}) for k in KINDS]
-    new.append(NewTopic(out, num_partitions=1, replication_factor=1,
-                        config={"retention.ms": "-1"}))
-    for fut in admin.create_topics(new, operation_timeout=30).values():
-        fut.result(timeout=60)
-    for t in new:
-        wait_for_topic(admin, t.topic, t.num_partitions)
-    return [t.topic for t in new]
-
-
-def produce_events(bootstrap: str, prefix: str, events: list, bid_partitions: int) -> None:
-    """Each kind into its topic; bids round robin over the bid topic's partitions, each
-    partition in generation order (so out of order by no more than the generator's)."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 10, "enable.idempotence": True})
-    bids = 0
-    for kind, e in events:
-        partition = 0
-        if kind == "bid":
-            partition, bids = bids % bid_partitions, bids + 1
-        while True:
-            try:
-                p.produce(prefix + TOPICS[kind], value=json.dumps(e).encode(),
-                          partition=partition)
-                break
-            except BufferError:
-                p.poll(0.05)
-    assert p.flush(30) == 0
-
-
-def flush_bids(last_time: int, partitions: int) -> list:
-    """One bid per partition 60 s after the last event, by a bidder and on an auction no
-    generated event has: the watermark passes every window of the real events, and the
-    windows these bids are in never close (no event comes after them)."""
-    return [("bid", {"auction": 1, "bidder": 1, "price": 0, "channel": "", "url": "",
-                     "date_time": last_time + 60_000, "extra": ""})
-            for _ in range(partitions)]
-
-
 def committed_records(bootstrap: str, topic: str, count: int) -> list:
-    """The first ``count`` records a read_committed reader sees in ``topic`` (waits for
-    them), decoded from JSON."""
+    """The records a read_committed reader sees in ``topic`` once it has ``count`` of them (it
+    waits for them, then reads a little longer to see any record too many), decoded from JSON."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
                   "isolation.level": "read_committed"})
@@ -191,34 +161,34 @@ def committed_records(bootstrap: str, topic: str, count: int) -> list:
 @pytest.mark.kafka
 def test_q5_through_kafka_exactly_once_with_rocksdb_state_equals_its_reference(
         kafka_bootstrap, tmp_path):
-    """Events in the three topics (bids in 3 partitions, out of order within the lag), q5
-    read from and written to Kafka under exactly-once with 1 s snapshots: the committed
-    output is the reference, each record once."""
-    events = events_of(out_of_order_ms=DISORDER_MS, seed=9)
+    """The events in the three topics (3 partitions each, out of order within the lag, ended
+    by kafka_input's end markers), q5 read from and written to Kafka under exactly-once with
+    1 s snapshots and RocksDB state: the committed output is the reference, each record once."""
     prefix = f"nxw{uuid.uuid4().hex[:8]}-"
-    topics = create_topics(kafka_bootstrap, prefix, {"bid": 3})
-    last = max(e["date_time"] for _, e in events)
-    produce_events(kafka_bootstrap, prefix, events + flush_bids(last, 3), bid_partitions=3)
-    want = query("q5").reference(events)
+    out = prefix + "q5-out"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(out, 1, 1)])[out].result(60)
+    inp = fill(kafka_bootstrap, GeneratorConfig(events=EVENTS, rate=RATE,
+                                                out_of_order_ms=DISORDER_MS, seed=9),
+               prefix=prefix, partitions=3)
+    want = query("q5").reference(inp.events)
 
     p = Pipeline()
     inputs = NexmarkInputs(p, kafka={"bootstrap.servers": kafka_bootstrap,
                                      "group.id": prefix + "q5"},
                            allowed_lag_ms=DISORDER_MS, topic_prefix=prefix)
     query("q5").build(inputs).write_to(
-        Sinks.kafka(prefix + "out", {"bootstrap.servers": kafka_bootstrap},
-                    value_serializer="json"))
+        Sinks.kafka(out, {"bootstrap.servers": kafka_bootstrap}, value_serializer="json"))
     try:
         with Member(str(tmp_path / "member")) as m:
             job = m.new_job(p, JobConfig(processing_guarantee="exactly_once",
                                          snapshot_interval_ms=1_000, state_backend="rocksdb"))
             try:
-                outputs = committed_records(kafka_bootstrap, prefix + "out",
-                                            sum(want.values()))
+                outputs = committed_records(kafka_bootstrap, out, sum(want.values()))
                 metrics = job.metrics()
             finally:
                 job.cancel()
     finally:
-        AdminClient({"bootstrap.servers": kafka_bootstrap}).delete_topics(topics)
-    assert check_output(query("q5"), events, outputs) == []
+        admin.delete_topics([out] + [inp.topic(k) for k in KINDS])
+    assert check_output(query("q5"), inp.events, outputs) == []
     assert late_events(metrics) == 0
