@@ -31,11 +31,13 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from bench.kafka_spec import write_report
 from bench.nexmark.events import BID_TOPIC
+from bench.nexmark.kafka_input import is_end_marker
 
 PEERS = ("quix", "bytewax")
 # the queries each peer runs; the others need joins or processing-time windows (see
@@ -49,12 +51,11 @@ READS = BID_TOPIC
 
 # --- the queries' constants and output records, shared by both peers ---------------------------
 
-DOLLAR_TO_EURO = 0.908      # q1
+EURO_MILLS = 908            # q1: 0.908 euros to the dollar
 AUCTION_MODULUS = 123       # q2: auction % 123 == 0
 Q5_SIZE_MS, Q5_SLIDE_MS = 10_000, 2_000
 Q7_SIZE_MS = 10_000
 Q11_GAP_MS = 10_000
-WINDOWED = ("q5", "q7", "q11")
 # the event-time disorder each peer's windows wait for before closing (Quix: grace_ms; Bytewax:
 # the EventClock's wait_for_system_duration). Besides the generator's own disorder, a peer reads
 # the topic's partitions in turns, which disorders the bids it sees by up to a few fetches.
@@ -66,9 +67,12 @@ COMMIT_INTERVAL_S = 1.0
 
 
 def q1_row(bid: dict) -> dict:
-    """q1: the bid with its price converted from dollars to euros."""
-    bid["price"] = bid["price"] * DOLLAR_TO_EURO
-    return bid
+    """q1: the bid with its price converted from dollars to euros, ``0.908 * price`` as
+    Flink's exact decimal, as the nearest float (bench/nexmark/queries/q1.py's ``euros``,
+    which the peers cannot import: it imports jetwake)."""
+    return {"auction": bid["auction"], "bidder": bid["bidder"],
+            "price": bid["price"] * EURO_MILLS / 1000, "date_time": bid["date_time"],
+            "extra": bid["extra"]}
 
 
 def q2_keep(bid: dict) -> bool:
@@ -143,6 +147,13 @@ def q11_row(bidder: int, count: int, first_ms: int, last_ms: int) -> dict:
             "endtime": last_ms + Q11_GAP_MS}
 
 
+# Quix Streams has no watermark across partitions: q5's second stage (each window's top over
+# every auction) reads the first stage's counts from every input partition as they come, the
+# slowest partition's seconds of event time behind the fastest's; it waits this long (its
+# grace) before closing a window. The end markers close the last windows at the end.
+Q5_QUIX_TOP_GRACE_MS = 60_000
+
+
 # --- the peer process's own counters -----------------------------------------------------------
 
 class Progress:
@@ -179,6 +190,11 @@ class Progress:
         self.n_written += 1
         self.t_out = time.time()
         return value
+
+    def read_event(self, record: Any) -> None:
+        """``read`` if ``record`` is an event, not an end marker."""
+        if not is_end_marker(record):
+            self.read()
 
     def relay(self, n: int) -> None:
         """Records written to (+1) or read back from (-1) a peer's own intermediate topic:
@@ -248,17 +264,21 @@ def peer_command(peer: str, python: str, query_name: str, bootstrap: str, output
             "--state-dir", os.path.join(scratch, "state")]
 
 
-def run_peer(peer: str, query_name: str, bootstrap: str, output_topic: str, input_events: int,
-             timeout_s: float, *, topic_prefix: str = "") -> PeerRun:
+def run_peer(peer: str, query_name: str, bootstrap: str, output_topic: str,
+             input_events: int | Sequence[tuple[str, Any]], timeout_s: float, *,
+             topic_prefix: str = "") -> PeerRun:
     """Runs ``peer``'s ``query_name`` on the NEXMark topics (already filled) until it has read
     ``input_events`` events (the bids: every query a peer runs reads only those) and written
     its output to ``output_topic``; stops it and returns the figures and outputs. Raises
     RuntimeError when the peer cannot be installed or fails, TimeoutError after
-    ``timeout_s``. ``topic_prefix`` is put before the topics' names, as
+    ``timeout_s``. ``input_events`` may also be the generated ``(kind, record)`` events
+    (their bids are counted). ``topic_prefix`` is put before the topics' names, as
     ``NexmarkInputs.topic_prefix``."""
     from bench.bench_kafka_peers import REPO, _cpu_at, _cpu_seconds, _stop, _tail, peer_python
 
     check_peer_query(peer, query_name)
+    if not isinstance(input_events, int):
+        input_events = sum(1 for kind, _ in input_events if kind == "bid")
     if input_events < 1:
         raise ValueError(f"run_peer(): input_events must be at least 1, got {input_events}")
     python, why = peer_python(peer)
@@ -357,66 +377,7 @@ class _OutputReader:
         self.consumer.close()
 
 
-def check_peer_output(peer: str, q: Any, events: list, outputs: list) -> tuple[list[str], int]:
-    """``check_output`` of a peer's run, where the peer leaves the last windows open at the
-    end of the input (Quix Streams closes a window only when later events pass it): the
-    reference and the outputs are then compared up to the horizon, one ``LAG_MS`` before
-    the latest window end (``endtime``) the peer wrote. Returns the problems and how many
-    expected records lay beyond the horizon (not compared)."""
-    from collections import Counter
-    from dataclasses import replace
-
-    from bench.nexmark.queries import check_output
-
-    if ENDS_AT_END_OF_INPUT[peer] or q.name not in WINDOWED:
-        return check_output(q, events, outputs), 0
-    want = q.reference(events)
-    if not outputs:   # no window closed before the end of the input
-        return [], sum(want.values())
-    horizon = max(o["endtime"] for o in outputs) - LAG_MS
-    # the queries' comparable records end with the window's end (q5, q7, q11)
-    kept = Counter({k: n for k, n in want.items() if k[-1] <= horizon})
-    shown = replace(q, reference=lambda _events: kept)
-    problems = check_output(shown, events, [o for o in outputs if o["endtime"] <= horizon])
-    return problems, sum(want.values()) - sum(kept.values())
-
-
 # --- measuring the peers alone -----------------------------------------------------------------
-
-def fill_topics(bootstrap: str, events: list, topic_prefix: str, partitions: int = 3) -> int:
-    """Writes generated ``(kind, record)`` events as JSON into fresh topics (``topic_prefix`` +
-    the NEXMark topic names, records never deleted by retention), keyed by the auction (bids)
-    or the id (persons, auctions) so that every partition holds its share of each moment;
-    returns the bids written.
-    For this module's own measurements and tests: the benchmark's runner fills its topics
-    with the generator's writer."""
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    from bench.nexmark.queries import TOPICS
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    names = [topic_prefix + t for t in TOPICS.values()]
-    for name, fut in admin.create_topics(
-            [NewTopic(n, partitions, 1, config={"retention.ms": "-1"}) for n in names]).items():
-        fut.result(30)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
-                         "queue.buffering.max.messages": 1_000_000})
-    bids = 0
-    for kind, record in events:
-        bids += kind == "bid"
-        key = str(record["auction"] if kind == "bid" else record["id"]).encode()
-        while True:
-            try:
-                producer.produce(topic_prefix + TOPICS[kind],
-                                 json.dumps(record, separators=(",", ":")).encode(), key)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    if producer.flush(120):
-        raise RuntimeError("fill_topics(): the events were not acknowledged in 120 s")
-    return bids
-
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m bench.nexmark.peers [--events N] [--peers quix,bytewax] [--queries ...]
@@ -427,15 +388,16 @@ def main(argv: list[str] | None = None) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from bench.bench_kafka_peers import _kafka_local
-    from bench.nexmark.generator import GeneratorConfig, generate
-    from bench.nexmark.queries import query
+    from bench.nexmark.generator import GeneratorConfig
+    from bench.nexmark.kafka_input import DEFAULT_PARTITIONS, fill
+    from bench.nexmark.queries import check_output, query
 
     ap = argparse.ArgumentParser(prog="python -m bench.nexmark.peers")
     ap.add_argument("--events", type=int, default=300_000)
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--queries", default=",".join(SUPPORTED["quix"]))
     ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""))
-    ap.add_argument("--partitions", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
     args = ap.parse_args(argv)
     kl = port = None
     bootstrap = args.bootstrap
@@ -444,13 +406,12 @@ def main(argv: list[str] | None = None) -> None:
         port = kl.free_port()
         bootstrap = kl.start_broker(port)
     try:
-        events = list(generate(GeneratorConfig(events=args.events)))
         prefix = f"peers-{uuid.uuid4().hex[:6]}-"
-        t0 = time.perf_counter()
-        bids = fill_topics(bootstrap, events, prefix, args.partitions)
+        inp = fill(bootstrap, GeneratorConfig(args.events), prefix=prefix,
+                   partitions=args.partitions)
+        events, bids = inp.events, inp.counts["bid"]
         print(f"   broker {bootstrap}: {args.events:,} events ({bids:,} bids) written in "
-              f"{time.perf_counter() - t0:.1f} s; load average {os.getloadavg()[0]:.2f}",
-              flush=True)
+              f"{inp.write_s:.1f} s; load average {os.getloadavg()[0]:.2f}", flush=True)
         admin = AdminClient({"bootstrap.servers": bootstrap})
         print(f"   {'peer':<8} {'query':<5} {'events/s':>9} {'CPU s':>6} {'wall s':>6} "
               f"{'ev/CPU-s':>9} {'late':>5} {'outputs':>8}  check")
@@ -466,14 +427,10 @@ def main(argv: list[str] | None = None) -> None:
                 except (RuntimeError, TimeoutError) as e:
                     print(f"   {peer:<8} {name:<5} failed: {e}", flush=True)
                     continue
-                beyond = 0
                 try:
-                    problems, beyond = check_peer_output(peer, query(name), events,
-                                                         run.outputs)
+                    problems = check_output(query(name), events, run.outputs)
                 except ImportError as e:  # a query module not written yet
                     problems = [f"no reference ({e})"]
-                if beyond:
-                    problems.append(f"{beyond} expected records in windows still open")
                 print(f"   {peer:<8} {name:<5} {run.events_per_s:>9,.0f} {run.cpu_s:>6.1f} "
                       f"{run.wall_s:>6.1f} {bids / max(run.cpu_s, 1e-9):>9,.0f} "
                       f"{run.late:>5} {len(run.outputs):>8}  "

@@ -10,7 +10,7 @@ from the repository's root:
         --report FILE [--state-dir DIR (unused)]
 
 The input ends at the end of the bid topic (``tail=False``): Bytewax then closes every open
-window, so the last windows are written too.
+window, so the last windows are written too; the end markers the topics end with are dropped.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from bytewax.operators.windowing import (
 from bytewax.run import cli_main
 
 from bench.nexmark import peers as nx
+from bench.nexmark.kafka_input import is_end_marker
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -42,10 +43,15 @@ def build(query: str, bootstrap: str, output: str, progress: nx.Progress,
     op.inspect("errors", inp.errs).then(op.raises, "crash-on-error")
 
     def decode(msg):
-        progress.read()
         return json.loads(msg.value)
 
-    bids = op.map("decode", inp.oks, decode)
+    def event(record) -> bool:  # the end markers are dropped: the input's end closes windows
+        if is_end_marker(record):
+            return False
+        progress.read()
+        return True
+
+    bids = op.filter("events", op.map("decode", inp.oks, decode), event)
 
     def event_time(bid) -> datetime:
         return EPOCH + timedelta(milliseconds=bid["date_time"])
