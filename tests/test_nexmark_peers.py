@@ -39,7 +39,7 @@ def nexmark_topics(kafka_bootstrap):
 def _output_topic(bootstrap: str, name: str) -> str:
     topic = f"{name}-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    admin.create_topics([NewTopic(topic, 2, 1, config={"retention.ms": "-1"})])[topic].result(30)
     return topic
 
 

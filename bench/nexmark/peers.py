@@ -147,11 +147,13 @@ def q11_row(bidder: int, count: int, first_ms: int, last_ms: int) -> dict:
             "endtime": last_ms + Q11_GAP_MS}
 
 
-# Quix Streams has no watermark across partitions: q5's second stage (each window's top over
-# every auction) reads the first stage's counts from every input partition as they come, the
-# slowest partition's seconds of event time behind the fastest's; it waits this long (its
-# grace) before closing a window. The end markers close the last windows at the end.
-Q5_QUIX_TOP_GRACE_MS = 60_000
+# Quix Streams has no watermark across partitions: a window after a repartition (q7, q11) or
+# over q5's counts from every input partition gets the input partitions' records as each is
+# processed, the slowest partition many seconds of event time behind the fastest (Quix Streams
+# reads a partition by fetches of up to a megabyte, and the partitions' event rates differ
+# with the hot auctions); such a window waits this long (its grace) before closing. The end
+# markers close the last windows at the end.
+QUIX_MIXED_GRACE_MS = 60_000
 
 
 # --- the peer process's own counters -----------------------------------------------------------
@@ -320,6 +322,10 @@ def run_peer(peer: str, query_name: str, bootstrap: str, output_topic: str,
             counts = (state.get("read"), written, state.get("relayed"))
             if counts != last_counts:
                 last_counts, quiet_since = counts, time.monotonic()
+            if exited and not (ENDS_AT_END_OF_INPUT[peer] and state.get("t_read") is not None):
+                raise RuntimeError(f"{peer} {query_name} exited before its end (read "
+                                   f"{state.get('read', 0):,} of {input_events:,} events): "
+                                   f"{_tail(log_path)}")
             if (state.get("t_read") is not None and not state.get("relayed")
                     and len(reader.values) >= written):
                 if exited or (not ENDS_AT_END_OF_INPUT[peer]
@@ -420,7 +426,8 @@ def main(argv: list[str] | None = None) -> None:
                 if name not in SUPPORTED[peer]:
                     continue
                 out = f"{prefix}out-{peer}-{name}"
-                admin.create_topics([NewTopic(out, args.partitions, 1)])[out].result(30)
+                admin.create_topics([NewTopic(out, args.partitions, 1, config={
+                    "retention.ms": "-1"})])[out].result(30)
                 try:
                     run = run_peer(peer, name, bootstrap, out, bids, 600,
                                    topic_prefix=prefix)

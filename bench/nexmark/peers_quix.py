@@ -21,6 +21,7 @@ import logging
 import uuid
 
 from quixstreams import Application
+from quixstreams.models import TopicConfig
 
 from bench.nexmark import peers as nx
 from bench.nexmark.kafka_input import is_end_marker
@@ -50,8 +51,11 @@ def build(app: Application, query: str, progress: nx.Progress, output: str,
     elif query == "q5":
         # bids per auction (the topic's key) in hopping 10 s windows every 2 s (Flink's HOP;
         # Quix Streams' sliding_window is another kind: a window ending at every event) ...
+        # (its records carry event times, the windows' starts: kept whatever their age)
         counts = app.topic(f"{output}-q5-counts", key_serializer="str", key_deserializer="str",
-                           value_serializer="json", value_deserializer="json")
+                           value_serializer="json", value_deserializer="json",
+                           config=TopicConfig(num_partitions=1, replication_factor=1,
+                                              extra_config={"retention.ms": "-1"}))
         per_auction = (sdf.update(progress.read_event)
                        .hopping_window(duration_ms=nx.Q5_SIZE_MS, step_ms=nx.Q5_SLIDE_MS,
                                        grace_ms=lag, on_late=progress.late)
@@ -69,14 +73,14 @@ def build(app: Application, query: str, progress: nx.Progress, output: str,
         sdf = (app.dataframe(counts).update(lambda count: progress.relay(-1))
                .filter(_last_marker(partitions), stateful=True))
         sdf = (sdf.tumbling_window(duration_ms=nx.Q5_SLIDE_MS,
-                                   grace_ms=nx.Q5_QUIX_TOP_GRACE_MS, on_late=progress.late)
+                                   grace_ms=nx.QUIX_MIXED_GRACE_MS, on_late=progress.late)
                .reduce(reducer=_events_only(nx.q5_fold, nx.q5_first),
                        initializer=_first_event(nx.q5_first))
                .final(closing_strategy="partition"))
         sdf = sdf.apply(lambda w: nx.q5_rows(w["value"], w["start"]), expand=True)
     elif query == "q7":
         sdf = _regroup(sdf, lambda bid: "all", "q7-all", partitions).update(progress.read_event)
-        sdf = (sdf.tumbling_window(duration_ms=nx.Q7_SIZE_MS, grace_ms=lag,
+        sdf = (sdf.tumbling_window(duration_ms=nx.Q7_SIZE_MS, grace_ms=nx.QUIX_MIXED_GRACE_MS,
                                    on_late=progress.late)
                .reduce(reducer=_events_only(nx.q7_fold, nx.q7_first),
                        initializer=_first_event(nx.q7_first))
@@ -85,8 +89,8 @@ def build(app: Application, query: str, progress: nx.Progress, output: str,
     elif query == "q11":
         sdf = (_regroup(sdf, lambda bid: bid["bidder"], "q11-bidder", partitions)
                .update(progress.read_event))
-        sdf = (sdf.session_window(inactivity_gap_ms=nx.Q11_GAP_MS, grace_ms=lag,
-                                  on_late=progress.late)
+        sdf = (sdf.session_window(inactivity_gap_ms=nx.Q11_GAP_MS,
+                                  grace_ms=nx.QUIX_MIXED_GRACE_MS, on_late=progress.late)
                .count().final(closing_strategy="partition"))
         # Quix Streams' session ends one millisecond after its last event (exclusive)
         sdf = sdf.apply(lambda w, key, ts, headers:
