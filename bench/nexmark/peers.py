@@ -5,20 +5,21 @@ as a process of its own, with the Python of the virtual environment ``python -m 
 kafka-peers`` makes for that peer (``.cache/bench-peers/<peer>``, pinned versions), on the
 topics the generator filled, and returns its events/s, CPU time and output records.
 
-The peer processes import this module too (only the standard library and ``bench`` files that
-import nothing else are loaded at its top), for what both peers must compute alike: the query
-constants, the shape of each query's output record, the fold of the windowed queries, and
+The peer processes import this module too (at its top it loads only the standard library and
+``bench`` files that import nothing more), for what both peers must compute alike: the query
+constants, the shape of each query's output record, the folds of the windowed queries, and
 ``Progress``, the peer's own counters that ``run_peer`` reads to know when the input is
 consumed.
 
-How a run is timed: the peer notes the wall time it reads its first event (``t_first``) and
-its ``input_events``-th (``t_read``), and the wall time it hands its last output record to
-its Kafka producer (``t_out``). The run is over when the peer has read every event and either
-exits (Bytewax ends its input at the end of the topics, then flushes every window) or has
-written nothing more for ``SETTLE_S`` while the output topic holds every record it wrote.
-``wall_s`` is from ``t_first`` to the later of ``t_read`` and ``t_out`` (start-up does not
-count; an exactly-once producer's commit latency does not either); ``cpu_s`` is the peer
-process's CPU time (all threads) over the same interval.
+How a run is timed: the peer notes the wall time it processes its first event (``t_first``)
+and its ``input_events``-th (``t_read``), and the wall time it hands its last output record to
+its Kafka producer (``t_out``). The run is over when the peer has processed every event and
+either exits (Bytewax ends its input at the end of the topics, then flushes every window) or
+has no record in flight through its own topics and its counters have settled for
+``SETTLE_S`` (Quix Streams), and the output topic holds every record it wrote. ``wall_s`` is
+from ``t_first`` to the later of ``t_read`` and ``t_out`` (start-up does not count; an
+exactly-once producer's commit latency does not either); ``cpu_s`` is the peer process's CPU
+time (all threads) over the same interval.
 """
 
 from __future__ import annotations
