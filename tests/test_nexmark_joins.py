@@ -8,13 +8,14 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from jetwake import JobConfig, Member, Pipeline, Sinks
 from bench.nexmark.generator import GeneratorConfig, generate
 from bench.nexmark.queries import TOPICS, NexmarkInputs, check_output, query
-from bench.nexmark.queries import winning_bids
-from support.kafka_broker import _admin, kafka_bootstrap, wait_for_topic  # noqa: F401
+from bench.nexmark.queries.q6 import LAST
+from bench.nexmark.queries.winning_bids import MAX_AUCTION_MS
+from support.kafka_broker import wait_for_topic
 from support.waiting import wait_until
 
 # 4000 events over 40 s of event time with 300 ms of disorder: 80 persons, 240 auctions and
@@ -23,13 +24,14 @@ LAG_MS = 300
 EVENTS = list(generate(GeneratorConfig(4_000, rate=100, out_of_order_ms=LAG_MS, seed=3)))
 
 
-def run_in_memory(name: str, events: list, parallelism: int = 2) -> list:
+def run_in_memory(name: str, events: list, parallelism: int = 2, data_dir: str | None = None,
+                  config: JobConfig | None = None) -> list:
     """The query's outputs over ``events`` read from memory, after a JSON round trip."""
     p = Pipeline()
     query(name).build(NexmarkInputs(p, events=events, allowed_lag_ms=LAG_MS)) \
         .write_to(Sinks.list("out"))
-    with Member(local_parallelism=parallelism) as m:
-        m.new_job(p).join()
+    with Member(data_dir, local_parallelism=parallelism) as m:
+        m.new_job(p, config).join()
         return [json.loads(json.dumps(r)) for r in m.get_list("out")]
 
 
@@ -54,7 +56,15 @@ def test_q6_average_selling_price_per_seller_equals_its_reference_on_four_proces
     outputs = run_in_memory("q6", EVENTS, parallelism=4)
     assert_equals_reference("q6", outputs)
     # some sellers close more than the 10 auctions averaged, so the window slides
-    assert max(_count_by(outputs, "seller").values()) > winning_bids_last()
+    assert max(_count_by(outputs, "seller").values()) > LAST
+
+
+def test_q6_with_its_state_in_rocksdb_equals_its_reference(tmp_path):
+    """The keyed states of the map_stateful stages (each auction with its waiting bids and
+    best candidate, each seller's last prices) written to and read back from RocksDB."""
+    outputs = run_in_memory("q6", EVENTS, data_dir=str(tmp_path),
+                            config=JobConfig(state_backend="rocksdb"))
+    assert_equals_reference("q6", outputs)
 
 
 def test_q8_monitor_new_users_equals_its_reference():
@@ -62,9 +72,10 @@ def test_q8_monitor_new_users_equals_its_reference():
 
 
 def test_an_auction_longer_than_the_closing_window_fails_the_job_naming_the_fix():
-    kind, auction = next(e for e in EVENTS if e[0] == "auction")
-    too_long = dict(auction, expires=auction["date_time"] + winning_bids.MAX_AUCTION_MS + 1)
-    with pytest.raises(Exception, match="MAX_AUCTION_MS"):
+    auction = next(e for kind, e in EVENTS if kind == "auction")
+    too_long = dict(auction, expires=auction["date_time"] + MAX_AUCTION_MS + 1)
+    with pytest.raises(ValueError, match=rf"auction \d+ lasts {MAX_AUCTION_MS + 1} ms.*"
+                                         r"raise .*MAX_AUCTION_MS"):
         run_in_memory("q4", [("auction", too_long)])
 
 
@@ -75,17 +86,12 @@ def _count_by(outputs: list, field: str) -> dict:
     return counts
 
 
-def winning_bids_last() -> int:
-    from bench.nexmark.queries.q6 import LAST
-    return LAST
-
-
 # --- through Kafka ---------------------------------------------------------------------------
 
 @pytest.fixture
 def nexmark_topics(kafka_bootstrap):
     """A fresh topic prefix with the three NEXMark topics created under it."""
-    admin = _admin(kafka_bootstrap)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     prefix = f"jetwake-nexj-{uuid.uuid4().hex[:10]}-"
     names = [prefix + t for t in TOPICS.values()]
     for fut in admin.create_topics([NewTopic(n, num_partitions=2, replication_factor=1,
