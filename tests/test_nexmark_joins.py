@@ -116,12 +116,13 @@ def produce(bootstrap: str, prefix: str, events: list) -> None:
     assert p.flush(30) == 0
 
 
-def q3_job(m: Member, bootstrap: str, prefix: str):
+def q3_job(m: Member, bootstrap: str, prefix: str, config: JobConfig | None = None):
+    """q3 reading the topics under ``prefix``, into the list ``q3``."""
     p = Pipeline()
     inputs = NexmarkInputs(p, kafka={"bootstrap.servers": bootstrap}, topic_prefix=prefix,
                            allowed_lag_ms=LAG_MS)
     query("q3").build(inputs).write_to(Sinks.list("q3"))
-    return m.new_job(p, JobConfig(snapshot_interval_ms=500))
+    return m.new_job(p, config)
 
 
 def outputs_matching(m: Member, events: list):
@@ -164,3 +165,28 @@ def test_q3_with_every_auction_read_before_any_person_equals_its_reference(
 def records_read(metrics: dict, topic: str) -> int:
     """The records the job's source of ``topic`` has read."""
     return sum(v.get("records_in", 0) for k, v in metrics.items() if k.endswith(topic))
+
+
+def test_q3_auctions_waiting_for_their_seller_are_carried_by_a_snapshot_into_a_new_job(
+        kafka_bootstrap, nexmark_topics, tmp_path):
+    """The first job reads every auction and stops with an exported snapshot; the second
+    starts from it and reads only the persons: every suggestion comes from auctions that
+    waited in the snapshot's keyed state (RocksDB), each exactly once."""
+    auctions = [e for e in EVENTS if e[0] == "auction"]
+    produce(kafka_bootstrap, nexmark_topics, auctions)
+    config = dict(processing_guarantee="exactly_once", snapshot_interval_ms=300,
+                  state_backend="rocksdb")
+    with Member(str(tmp_path)) as m:
+        first = q3_job(m, kafka_bootstrap, nexmark_topics, JobConfig(**config))
+        wait_until(lambda: records_read(first.metrics(), TOPICS["auction"]) == len(auctions),
+                   timeout=60, what="the first job reading every auction")
+        first.cancel_and_export_snapshot("q3-waiting")
+        produce(kafka_bootstrap, nexmark_topics, [e for e in EVENTS if e[0] == "person"])
+        second = q3_job(m, kafka_bootstrap, nexmark_topics,
+                        JobConfig(initial_snapshot_name="q3-waiting", **config))
+        outputs = wait_until(outputs_matching(m, EVENTS), timeout=60,
+                             what=lambda: "\n".join(check_output(
+                                 query("q3"), EVENTS, list(m.get_list("q3")))))
+        assert records_read(second.metrics(), TOPICS["auction"]) == 0
+        second.cancel()
+    assert outputs
