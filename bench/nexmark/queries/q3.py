@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from bench.nexmark.generator import Event
 from bench.nexmark.queries import NexmarkInputs, Query
 from jetwake.engine.pipeline.pipeline import Stage
 
@@ -78,7 +77,7 @@ def comparable(record: Any) -> Hashable:
     return (record["name"], record["city"], record["state"], record["id"])
 
 
-def reference(events: Sequence[tuple[str, Event]]) -> Counter:
+def reference(events: Sequence[tuple[str, Any]]) -> Counter:
     persons = {e["id"]: e for k, e in events if k == "person" and is_local_seller(e)}
     return Counter(comparable(suggestion(persons[e["seller"]], e["id"]))
                    for k, e in events

@@ -14,7 +14,6 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from bench.nexmark.generator import Event
 from bench.nexmark.queries import NexmarkInputs, Query
 from bench.nexmark.queries.winning_bids import closed_auctions, closed_in, reference_winners
 from jetwake.engine.pipeline.pipeline import Stage
@@ -46,7 +45,7 @@ def comparable(record: Any) -> Hashable:
     return (record["category"], record["auctions"], round(record["avg_price"], 6))
 
 
-def reference(events: Sequence[tuple[str, Event]]) -> Counter:
+def reference(events: Sequence[tuple[str, Any]]) -> Counter:
     states: dict[int, list] = {}
     return Counter(
         comparable(average_after(states.setdefault(w["category"], _new_average()),

@@ -11,7 +11,6 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from bench.nexmark.generator import Event
 from bench.nexmark.queries import NexmarkInputs, Query
 from bench.nexmark.queries.winning_bids import closed_auctions, closed_in, reference_winners
 from jetwake.engine.pipeline.pipeline import Stage
@@ -47,7 +46,7 @@ def comparable(record: Any) -> Hashable:
     return (record["seller"], record["auction"], round(record["avg_price"], 6))
 
 
-def reference(events: Sequence[tuple[str, Event]]) -> Counter:
+def reference(events: Sequence[tuple[str, Any]]) -> Counter:
     prices: dict[int, list] = {}
     return Counter(
         comparable(average_after(prices.setdefault(w["seller"], _new_prices()),

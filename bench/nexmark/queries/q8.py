@@ -14,7 +14,6 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from bench.nexmark.generator import Event
 from bench.nexmark.queries import NexmarkInputs, Query
 from jetwake import AggregateOperations, WindowDefinition
 from jetwake.engine.pipeline.pipeline import Stage
@@ -50,7 +49,7 @@ def comparable(record: Any) -> Hashable:
     return (record["id"], record["name"], record["starttime"])
 
 
-def reference(events: Sequence[tuple[str, Event]]) -> Counter:
+def reference(events: Sequence[tuple[str, Any]]) -> Counter:
     sellers = {(e["seller"], window_start(e["date_time"])) for k, e in events if k == "auction"}
     return Counter((e["id"], e["name"], window_start(e["date_time"]))
                    for k, e in events

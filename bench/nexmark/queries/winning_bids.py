@@ -34,7 +34,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.nexmark.generator import Event
 from bench.nexmark.queries import NexmarkInputs
 from jetwake import AggregateOperation, WindowDefinition
 from jetwake.engine.pipeline.pipeline import Stage
@@ -77,7 +76,7 @@ def close_order(c: Any) -> tuple[int, int]:
 
 # --- the reference ---------------------------------------------------------------------------
 
-def reference_winners(events: Sequence[tuple[str, Event]]) -> list[dict]:
+def reference_winners(events: Sequence[tuple[str, Any]]) -> list[dict]:
     """The winning candidate of every auction in ``events`` that has one, in closing order."""
     auctions = {e["id"]: e for k, e in events if k == "auction"}
     best: dict[int, dict] = {}
