@@ -16,6 +16,7 @@ from bench.nexmark.queries import TOPICS, NexmarkInputs, check_output, query
 from bench.nexmark.queries.q6 import LAST
 from bench.nexmark.queries.winning_bids import MAX_AUCTION_MS
 from support.kafka_broker import wait_for_topic
+from support.spark_fixtures import spark_runner  # noqa: F401 - a fixture
 from support.waiting import wait_until
 
 # 4000 events over 40 s of event time with 300 ms of disorder: 80 persons, 240 auctions and
@@ -64,6 +65,18 @@ def test_q6_with_its_state_in_rocksdb_equals_its_reference(tmp_path):
     best candidate, each seller's last prices) written to and read back from RocksDB."""
     outputs = run_in_memory("q6", EVENTS, data_dir=str(tmp_path),
                             config=JobConfig(state_backend="rocksdb"))
+    assert_equals_reference("q6", outputs)
+
+
+def test_q6_on_the_spark_backfill_equals_its_reference(spark_runner):
+    """The winning bids' keyed states and sliding windows, and the sellers' last prices, as
+    Spark runs them: the same closing order, so the same running averages."""
+    p = Pipeline()
+    query("q6").build(NexmarkInputs(p, events=EVENTS, allowed_lag_ms=LAG_MS)) \
+        .write_to(Sinks.list("q6-spark"))
+    with Member() as m:
+        spark_runner.run(p, member=m)
+        outputs = [json.loads(json.dumps(r)) for r in m.get_list("q6-spark")]
     assert_equals_reference("q6", outputs)
 
 
