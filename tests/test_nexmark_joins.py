@@ -19,10 +19,11 @@ from support.kafka_broker import wait_for_topic
 from support.spark_fixtures import spark_runner  # noqa: F401 - a fixture
 from support.waiting import wait_until
 
-# 4000 events over 40 s of event time with 300 ms of disorder: 80 persons, 240 auctions and
-# their bids; the auctions last 1 to 20 s, so most close as the watermark passes them
+# 4000 events over 8 s of event time with 300 ms of disorder: 80 persons, 240 auctions and
+# their bids; auctions last seconds, so many close as the watermark passes them and the rest
+# when the input ends
 LAG_MS = 300
-EVENTS = list(generate(GeneratorConfig(4_000, rate=100, out_of_order_ms=LAG_MS, seed=3)))
+EVENTS = list(generate(GeneratorConfig(4_000, rate=500, out_of_order_ms=LAG_MS, seed=3)))
 
 
 def run_in_memory(name: str, events: list, parallelism: int = 2, data_dir: str | None = None,

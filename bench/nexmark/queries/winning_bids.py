@@ -38,7 +38,7 @@ from bench.nexmark.queries import NexmarkInputs
 from jetwake import AggregateOperation, WindowDefinition
 from jetwake.engine.pipeline.pipeline import Stage
 
-MAX_AUCTION_MS = 30_000
+MAX_AUCTION_MS = 20_000
 """The longest auction (``expires - date_time``) the pipeline accepts."""
 
 CLOSE_MS = 1_000
