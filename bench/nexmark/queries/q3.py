@@ -1,5 +1,5 @@
 """q3, local item suggestion: the sellers in Oregon, Idaho or California with their auctions
-of category 10, as (name, city, state, auction id).
+of category 10, as (name, city, state, auction id, and the newer event's date_time).
 
 An unbounded join of two streams (persons and auctions), like Flink's regular join that keeps
 both sides forever. It runs as one keyed ``map_stateful`` over the merged streams, keyed by the
@@ -32,10 +32,11 @@ def is_suggested_item(auction: Any) -> bool:
     return auction["category"] == CATEGORY
 
 
-def suggestion(person: Any, auction_id: int) -> dict:
-    """One output record of q3."""
+def suggestion(person: Any, auction_id: int, auction_time: int) -> dict:
+    """One output record of q3; ``date_time`` is the newer of the person's and the auction's
+    (the event it waited for: the benchmark's latency is measured from it)."""
     return {"name": person["name"], "city": person["city"], "state": person["state"],
-            "id": auction_id}
+            "id": auction_id, "date_time": max(person["date_time"], auction_time)}
 
 
 def _person_key(event: Any) -> int:
@@ -45,7 +46,7 @@ def _person_key(event: Any) -> int:
 
 def _new_state() -> list:
     # [the person's output fields, False for a person outside the states, None before the
-    # person came; the ids of the auctions that came before their seller]
+    # person came; [id, date_time] of the auctions that came before their seller]
     return [None, []]
 
 
@@ -54,16 +55,16 @@ def _join(state: list, key: int, event: Any) -> list | None:
     if "seller" in event:  # an auction of category 10
         person = state[0]
         if person is None:
-            state[1].append(event["id"])
+            state[1].append([event["id"], event["date_time"]])
             return None
-        return [suggestion(person, event["id"])] if person else None
+        return [suggestion(person, event["id"], event["date_time"])] if person else None
     if not is_local_seller(event):
         state[0], state[1] = False, []
         return None
     state[0] = person = {"name": event["name"], "city": event["city"],
-                         "state": event["state"]}
+                         "state": event["state"], "date_time": event["date_time"]}
     waiting, state[1] = state[1], []
-    return [suggestion(person, a) for a in waiting] or None
+    return [suggestion(person, a, t) for a, t in waiting] or None
 
 
 def build(inputs: NexmarkInputs) -> Stage:
@@ -74,12 +75,13 @@ def build(inputs: NexmarkInputs) -> Stage:
 
 
 def comparable(record: Any) -> Hashable:
-    return (record["name"], record["city"], record["state"], record["id"])
+    return (record["name"], record["city"], record["state"], record["id"],
+            record["date_time"])
 
 
 def reference(events: Sequence[tuple[str, Any]]) -> Counter:
     persons = {e["id"]: e for k, e in events if k == "person" and is_local_seller(e)}
-    return Counter(comparable(suggestion(persons[e["seller"]], e["id"]))
+    return Counter(comparable(suggestion(persons[e["seller"]], e["id"], e["date_time"]))
                    for k, e in events
                    if k == "auction" and is_suggested_item(e) and e["seller"] in persons)
 

@@ -15,7 +15,9 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from bench.nexmark.queries import NexmarkInputs, Query
-from bench.nexmark.queries.winning_bids import closed_auctions, closed_in, reference_winners
+from bench.nexmark.queries.winning_bids import (
+    closed_auctions, closed_in, closes_at, reference_winners,
+)
 from jetwake.engine.pipeline.pipeline import Stage
 
 
@@ -27,7 +29,8 @@ def average_after(state: list, category: int, winner: Any) -> dict:
     """The category's record after one more closed auction (``state`` is updated)."""
     state[0] += 1
     state[1] += winner["price"]
-    return {"category": category, "avg_price": state[1] / state[0], "auctions": state[0]}
+    return {"category": category, "avg_price": state[1] / state[0], "auctions": state[0],
+            "closed_at": closes_at(winner["expires"])}
 
 
 def _averages(state: list, category: int, result: Any) -> list | None:
@@ -42,7 +45,8 @@ def build(inputs: NexmarkInputs) -> Stage:
 
 
 def comparable(record: Any) -> Hashable:
-    return (record["category"], record["auctions"], round(record["avg_price"], 6))
+    return (record["category"], record["auctions"], round(record["avg_price"], 6),
+            record["closed_at"])
 
 
 def reference(events: Sequence[tuple[str, Any]]) -> Counter:

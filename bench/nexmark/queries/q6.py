@@ -12,7 +12,9 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from bench.nexmark.queries import NexmarkInputs, Query
-from bench.nexmark.queries.winning_bids import closed_auctions, closed_in, reference_winners
+from bench.nexmark.queries.winning_bids import (
+    closed_auctions, closed_in, closes_at, reference_winners,
+)
 from jetwake.engine.pipeline.pipeline import Stage
 
 LAST = 10
@@ -28,7 +30,7 @@ def average_after(prices: list, seller: int, winner: Any) -> dict:
     if len(prices) > LAST:
         del prices[0]
     return {"seller": seller, "avg_price": sum(prices) / len(prices),
-            "auction": winner["auction"]}
+            "auction": winner["auction"], "closed_at": closes_at(winner["expires"])}
 
 
 def _averages(prices: list, seller: int, result: Any) -> list | None:
@@ -43,7 +45,8 @@ def build(inputs: NexmarkInputs) -> Stage:
 
 
 def comparable(record: Any) -> Hashable:
-    return (record["seller"], record["auction"], round(record["avg_price"], 6))
+    return (record["seller"], record["auction"], round(record["avg_price"], 6),
+            record["closed_at"])
 
 
 def reference(events: Sequence[tuple[str, Any]]) -> Counter:

@@ -1,5 +1,5 @@
 """q8, monitor new users: the persons who put up an auction within the 10-second tumbling
-window in which they registered, as (id, name, window start).
+window in which they registered, as (id, name, window start and end).
 
 A window join in event time: persons and auctions are co-aggregated in the same tumbling
 windows and keys (a person's ``id``, an auction's ``seller``), and a person is output for a
@@ -32,7 +32,8 @@ def new_user(result: Any) -> dict | None:
     persons, auctions = result.result
     if not persons or not auctions:
         return None
-    return {"id": result.key, "name": persons[0]["name"], "starttime": result.start}
+    return {"id": result.key, "name": persons[0]["name"], "starttime": result.start,
+            "endtime": result.end}
 
 
 def build(inputs: NexmarkInputs) -> Stage:
@@ -46,12 +47,13 @@ def build(inputs: NexmarkInputs) -> Stage:
 
 
 def comparable(record: Any) -> Hashable:
-    return (record["id"], record["name"], record["starttime"])
+    return (record["id"], record["name"], record["starttime"], record["endtime"])
 
 
 def reference(events: Sequence[tuple[str, Any]]) -> Counter:
     sellers = {(e["seller"], window_start(e["date_time"])) for k, e in events if k == "auction"}
-    return Counter((e["id"], e["name"], window_start(e["date_time"]))
+    return Counter((e["id"], e["name"], window_start(e["date_time"]),
+                    window_start(e["date_time"]) + WINDOW_MS)
                    for k, e in events
                    if k == "person" and (e["id"], window_start(e["date_time"])) in sellers)
 
