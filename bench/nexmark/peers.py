@@ -42,7 +42,7 @@ from bench.nexmark.kafka_input import is_end_marker
 
 PEERS = ("quix", "bytewax")
 # the queries each peer runs; the others need joins or processing-time windows (see
-# docs/nexmark_peers.md for why each is left out)
+# docs/nexmark.md ("The peers") for why each is left out)
 SUPPORTED: dict[str, tuple[str, ...]] = {
     "quix": ("q0", "q1", "q2", "q5", "q7", "q11"),
     "bytewax": ("q0", "q1", "q2", "q5", "q7", "q11"),
@@ -255,7 +255,7 @@ def check_peer_query(peer: str, query_name: str) -> None:
         raise ValueError(f"run_peer(): unknown peer {peer!r}; choose from {', '.join(PEERS)}")
     if query_name not in SUPPORTED[peer]:
         raise ValueError(f"run_peer(): {peer} does not run NEXMark {query_name} (it runs "
-                         f"{', '.join(SUPPORTED[peer])}; docs/nexmark_peers.md says why)")
+                         f"{', '.join(SUPPORTED[peer])}; docs/nexmark.md ("The peers") says why)")
 
 
 def peer_command(peer: str, python: str, query_name: str, bootstrap: str, output_topic: str,
