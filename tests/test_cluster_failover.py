@@ -43,7 +43,7 @@ def test_a_killed_member_s_job_goes_on_from_the_last_snapshot_on_the_survivors_e
                            "--snapshot-interval", "200")
     out = Output(kafka_bootstrap, sink)
     wait_until(lambda: out.has(len(first)), what="the first sums", timeout=60, interval=0)
-    wait_until(lambda: (cluster.cli_json(submit_to, "status", job["id"])
+    wait_until(lambda: (cluster.status(submit_to, job["id"])
                         .get("snapshot_count") or 0) >= 2,
                what="two snapshots", timeout=30, interval=0.2)
     dead = coordinator if victim == "coordinator" else \
@@ -55,7 +55,7 @@ def test_a_killed_member_s_job_goes_on_from_the_last_snapshot_on_the_survivors_e
     wait_until(lambda: out.has(len(first) + len(second)),
                what="the sums after the member loss", timeout=120, interval=0)
     out.drain()
-    status = cluster.cli_json(survivor, "status", job["id"])
+    status = cluster.status(survivor, job["id"])
     out.close()
     assert status["status"] == "RUNNING"
     # the job went on before Kafka dropped the dead member; the cluster shows it gone soon

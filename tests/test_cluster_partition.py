@@ -135,7 +135,7 @@ def _submit(cluster: NamespacedCluster, member: ClusterMemberProcess, tmp_path: 
 
 
 def _status(cluster: NamespacedCluster, member: ClusterMemberProcess, job_id: str) -> dict:
-    return cluster.cli_json(member, "status", job_id)
+    return cluster.status(member, job_id)
 
 
 def _view(cluster: NamespacedCluster, via: ClusterMemberProcess) -> dict[str, dict]:

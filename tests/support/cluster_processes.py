@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from jetwake import Client
+from jetwake.engine.server.cli.output import job_json
 from support.ports import free_port
 from support.waiting import wait_until
 
@@ -132,6 +133,14 @@ class ClusterProcesses:
         if not found or found[0].get("state") != "ACTIVE":
             return None
         return by_address.get(found[0]["address"])
+
+    def status(self, member: ClusterMemberProcess, job: str) -> dict:
+        """What ``jetwake status JOB --json`` on ``member`` shows of a job (without its
+        metrics), asked through a client in this process: the polls of a test's waits, where
+        a CLI process per poll would spend a second of a loaded machine's CPU on imports.
+        The CLI's own tests run the command itself."""
+        with member.client() as c:
+            return job_json(c.job(job).refresh())
 
     def cli(self, member: ClusterMemberProcess, *args: str, timeout: float = 120.0,
             cwd: Path | None = None) -> subprocess.CompletedProcess:
