@@ -92,9 +92,11 @@ class ClusterProcesses:
         self.name = f"c{uuid.uuid4().hex[:10]}"
         self.members: list[ClusterMemberProcess] = []
 
-    def start(self, count: int, timeout: float = 60.0) -> list[ClusterMemberProcess]:
-        """Starts ``count`` members and waits until the cluster lists all of them."""
-        new = [self.start_member() for _ in range(count)]
+    def start(self, count: int, *extra: str, timeout: float = 60.0
+              ) -> list[ClusterMemberProcess]:
+        """Starts ``count`` members (``extra``: more ``member start`` options) and waits
+        until the cluster lists all of them."""
+        new = [self.start_member(*extra) for _ in range(count)]
         wait_until(lambda: all(m.ready() for m in new), what="every member serving clients",
                    timeout=timeout)
         expected = len([m for m in self.members if m.alive()])
