@@ -1,4 +1,5 @@
-"""`make bench`: runs every benchmark in turn (python -m bench [name ...])."""
+"""`make bench`: runs every benchmark in turn (python -m bench [name ...]), or one benchmark
+with its options (python -m bench nexmark --events 100000 ...)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import bench
 
 
 def main(argv: list[str]) -> int:
-    # `python -m bench chaos --duration 60`: the names come first; the options that follow are
-    # left in sys.argv for the benchmark, whose main() reads them
-    first_option = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))
-    argv, sys.argv[1:] = argv[:first_option], argv[first_option:]
+    if len(argv) > 1 and argv[1].startswith("-"):  # one benchmark and its options
+        options: list[str] | None = argv[1:]
+        argv = argv[:1]
+    else:
+        options = None
+    # the long runs (chaos, soak) run only when named
     names = argv or [m.name for m in sorted(pkgutil.iter_modules(bench.__path__),
                                            key=lambda m: m.name)
                      if m.name.startswith("bench_") and _runs_by_default(m.name)]
@@ -24,7 +27,10 @@ def main(argv: list[str]) -> int:
         module_name = name if name.startswith("bench_") else f"bench_{name}"
         print(f"== {module_name}", flush=True)
         try:
-            importlib.import_module(f"bench.{module_name}").main()
+            module = importlib.import_module(f"bench.{module_name}")
+            module.main() if options is None else module.main(options)
+        except SystemExit as e:  # a benchmark's own verdict (a failed check, bad options)
+            failed += 1 if e.code else 0
         except Exception:  # noqa: BLE001 - report and go on with the next benchmark
             traceback.print_exc()
             failed += 1

@@ -246,7 +246,7 @@ def print_report(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse(sys.argv[1:] if argv is None else argv)
+    args = parse(argv or [])
     report = run(args)
     print_report(report)
     if args.report is not None:
@@ -257,4 +257,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -197,7 +197,7 @@ def print_report(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse(sys.argv[1:] if argv is None else argv)
+    args = parse(argv or [])
     report = run(args)
     print_report(report)
     if args.report is not None:
@@ -208,4 +208,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

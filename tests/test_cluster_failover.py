@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.cluster_processes import ClusterProcesses
+from support.kafka_broker import session_timeout_ms
 from support.cluster_sums import (
     Output, by_key, job_status, new_topic, produce_events, running_sums, submit_sums,
     sums_job_file,
@@ -30,7 +31,8 @@ def cluster(tmp_path: Path, kafka_bootstrap: str):
 @pytest.mark.parametrize("victim", ["member", "coordinator"])
 def test_a_killed_member_s_job_goes_on_from_the_last_snapshot_on_the_survivors_exactly_once(
         cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str, victim: str) -> None:
-    members = cluster.start(3)
+    # Kafka drops a killed member (not the coordinator) after its session timeout
+    members = cluster.start(3, "--session-timeout", str(session_timeout_ms(kafka_bootstrap)))
     source, sink = new_topic(kafka_bootstrap), new_topic(kafka_bootstrap)
     first = [(f"k{i % 19}", i) for i in range(2000)]
     second = [(f"k{i % 19}", i) for i in range(2000, 4000)]
@@ -43,7 +45,7 @@ def test_a_killed_member_s_job_goes_on_from_the_last_snapshot_on_the_survivors_e
                            "--snapshot-interval", "200")
     out = Output(kafka_bootstrap, sink)
     wait_until(lambda: out.has(len(first)), what="the first sums", timeout=60, interval=0)
-    wait_until(lambda: (cluster.cli_json(submit_to, "status", job["id"])
+    wait_until(lambda: (cluster.status(submit_to, job["id"])
                         .get("snapshot_count") or 0) >= 2,
                what="two snapshots", timeout=30, interval=0.2)
     dead = coordinator if victim == "coordinator" else \
@@ -55,7 +57,7 @@ def test_a_killed_member_s_job_goes_on_from_the_last_snapshot_on_the_survivors_e
     wait_until(lambda: out.has(len(first) + len(second)),
                what="the sums after the member loss", timeout=120, interval=0)
     out.drain()
-    status = cluster.cli_json(survivor, "status", job["id"])
+    status = cluster.status(survivor, job["id"])
     out.close()
     assert status["status"] == "RUNNING"
     # the job went on before Kafka dropped the dead member; the cluster shows it gone soon
@@ -171,7 +173,7 @@ def test_a_member_stopped_gracefully_hands_its_work_over_through_a_terminal_snap
 
 def test_a_coordinator_paused_past_the_session_timeout_is_deposed_and_rejoins_as_a_member(
         cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
-    members = cluster.start(3)
+    members = cluster.start(3, "--session-timeout", str(session_timeout_ms(kafka_bootstrap)))
     old = cluster.coordinator()
     other = next(m for m in members if m is not old)
     run = _SumsRun(cluster, other, tmp_path, kafka_bootstrap, 5)

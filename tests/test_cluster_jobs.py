@@ -63,7 +63,7 @@ def test_a_batch_word_count_runs_on_every_member_and_equals_the_one_member_resul
     out_dir.mkdir()
     job = three.cli_json(three.members[1], "submit", str(_word_count_file(tmp_path, out_dir)),
                          "--name", "wc")
-    wait_until(lambda: three.cli_json(three.members[2], "status", job["id"])["status"]
+    wait_until(lambda: three.status(three.members[2], job["id"])["status"]
                == "COMPLETED", what="the word count to complete", timeout=60, interval=0.2)
     assert _read_pairs(out_dir) == _expected_words()
     # every member wrote part of the result: the job ran on all three
@@ -91,17 +91,17 @@ def test_every_job_command_works_from_any_member_with_the_same_answers(
     assert three.cli(c, "suspend", "counter").returncode == 0
     assert three.cli_json(a, "status", "counter")["status"] == "SUSPENDED"
     assert three.cli(a, "resume", "counter").returncode == 0
-    wait_until(lambda: three.cli_json(b, "status", "counter")["status"] == "RUNNING",
+    wait_until(lambda: three.status(b, "counter")["status"] == "RUNNING",
                what="the job to run again", timeout=30, interval=0.2)
     assert three.cli(b, "restart", "counter").returncode == 0
-    wait_until(lambda: three.cli_json(c, "status", "counter")["restart_count"] >= 1,
+    wait_until(lambda: three.status(c, "counter")["restart_count"] >= 1,
                what="the restart", timeout=30, interval=0.2)
     saved = three.cli(c, "save-snapshot", "counter", "counter-snap")
     assert saved.returncode == 0, saved.stderr
     names = [{s["name"] for s in three.cli_json(m, "list-snapshots")} for m in (a, b, c)]
     assert all("counter-snap" in n for n in names)
     assert three.cli(a, "cancel", "counter").returncode == 0
-    wait_until(lambda: three.cli_json(b, "status", "counter")["status"] == "FAILED",
+    wait_until(lambda: three.status(b, "counter")["status"] == "FAILED",
                what="the job to end cancelled", timeout=30, interval=0.2)
 
 
@@ -123,7 +123,7 @@ def test_a_light_job_starts_on_every_member_and_is_listed_and_cancelled_from_any
     info = three.cluster(a)
     assert all(m["jobs"] >= 1 for m in info["members"])
     assert three.cli(a, "cancel", job["id"]).returncode == 0
-    wait_until(lambda: three.cli_json(b, "status", job["id"])["status"] == "FAILED",
+    wait_until(lambda: three.status(b, job["id"])["status"] == "FAILED",
                what="the light job to end", timeout=30, interval=0.2)
 
 
@@ -202,7 +202,7 @@ def test_a_snapshot_taken_on_three_members_restores_on_two_and_then_on_four(
     assert cluster.cli(coordinator, "resume", "sums").returncode == 0
     wait_until(lambda: out.has(3000), what="the sums after resuming on four members", timeout=60,
                interval=0)
-    status = cluster.cli_json(coordinator, "status", job["id"])
+    status = cluster.status(coordinator, job["id"])
     out.close()
     assert len(out.records) == 3000  # nothing twice
     by_key: dict[str, list[int]] = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.cluster_processes import ClusterProcesses
-from support.kafka_broker import _kafka_local
+from support.kafka_broker import TEST_BROKER_CONFIG, _kafka_local, session_timeout_ms
 from support.cluster_sums import (
     Output, by_key, job_status, new_topic, produce_events, running_sums, submit_sums,
 )
@@ -26,7 +26,7 @@ def own_broker():
     kl = _kafka_local()
     port = kl.free_port()
     try:
-        bootstrap = kl.start_broker(port)
+        bootstrap = kl.start_broker(port, broker_config=TEST_BROKER_CONFIG)
     except Exception as e:  # noqa: BLE001
         kl.stop_broker(port)
         pytest.fail(f"the module's own broker did not start: {e}", pytrace=False)
@@ -52,7 +52,8 @@ def cluster(tmp_path: Path, own_broker):
 def test_the_cluster_recovers_by_itself_when_its_broker_comes_back(
         cluster: ClusterProcesses, tmp_path: Path, own_broker) -> None:
     bootstrap, broker_pids = own_broker
-    members = cluster.start(2)
+    # the members lose their place once their session times out: a short one
+    members = cluster.start(2, "--session-timeout", str(session_timeout_ms(bootstrap)))
     source, sink = new_topic(bootstrap), new_topic(bootstrap)
     first = [(f"k{i % 11}", i) for i in range(1000)]
     produce_events(bootstrap, source, first)

@@ -27,7 +27,7 @@ def _submit(cluster: ClusterProcesses, member, tmp: Path, name: str, body: str,
 
 
 def _status(cluster: ClusterProcesses, member, job: str) -> str:
-    return cluster.cli_json(member, "status", job)["status"]
+    return cluster.status(member, job)["status"]
 
 
 def test_a_map_a_job_wrote_on_three_members_is_read_in_full_from_every_member(

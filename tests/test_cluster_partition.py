@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from support.cluster_processes import ClusterMemberProcess, ClusterProcesses
-from support.kafka_broker import _kafka_local, watch_for_orphaning
+from support.kafka_broker import (
+    TEST_BROKER_CONFIG, _kafka_local, session_timeout_ms, watch_for_orphaning,
+)
 from support.network_partition import NamespacesUnavailable, PartitionNetwork
 from support.cluster_sums import (
     Output, by_key, new_topic, produce_events, running_sums, sums_job_file,
@@ -52,7 +54,8 @@ def bridge_kafka(net: PartitionNetwork):
     kl = _kafka_local()
     port = kl.free_port()
     try:
-        bootstrap = kl.start_broker(port, host=net.host_address)
+        bootstrap = kl.start_broker(port, host=net.host_address,
+                                    broker_config=TEST_BROKER_CONFIG)
         watch_for_orphaning(port)
         yield bootstrap
     finally:
@@ -135,7 +138,7 @@ def _submit(cluster: NamespacedCluster, member: ClusterMemberProcess, tmp_path: 
 
 
 def _status(cluster: NamespacedCluster, member: ClusterMemberProcess, job_id: str) -> dict:
-    return cluster.cli_json(member, "status", job_id)
+    return cluster.status(member, job_id)
 
 
 def _view(cluster: NamespacedCluster, via: ClusterMemberProcess) -> dict[str, dict]:
@@ -164,7 +167,7 @@ def test_with_the_quorum_rule_a_member_cut_off_is_left_behind_and_used_again_onc
     timeout, the job restarts from its last snapshot on the two others (a quorum of the three
     it ran on) and goes on; healed, the member joins again and the job restarts to use it.
     A read_committed reader sees every sum once."""
-    members = cluster.start(3)
+    members = cluster.start(3, "--session-timeout", str(session_timeout_ms(cluster.bootstrap)))
     bootstrap = cluster.bootstrap
     source, sink = new_topic(bootstrap), new_topic(bootstrap)
     batches = [_batch(0, 1000), _batch(1000, 1000), _batch(2000, 1000)]
@@ -206,7 +209,7 @@ def test_with_the_quorum_rule_a_coordinator_cut_off_steps_down_and_rejoins_as_a_
     cut-off coordinator cannot reach Kafka, loses its session and steps down by itself while
     still cut off, so it commits nothing; healed, it joins again as a plain member. Every sum
     once."""
-    members = cluster.start(3)
+    members = cluster.start(3, "--session-timeout", str(session_timeout_ms(cluster.bootstrap)))
     bootstrap = cluster.bootstrap
     source, sink = new_topic(bootstrap), new_topic(bootstrap)
     batches = [_batch(0, 1000), _batch(1000, 1000), _batch(2000, 1000)]

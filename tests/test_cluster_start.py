@@ -131,7 +131,9 @@ def cluster_members(tmp_path, kafka_bootstrap):
 
     start.name = name
     yield start
-    for m in started:
+    for m in started:  # killed: a test that checks a graceful stop stops its member itself
+        if m.proc.poll() is None:
+            m.proc.kill()
         m.stop()
 
 

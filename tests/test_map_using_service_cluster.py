@@ -52,7 +52,7 @@ def test_grouped_async_calls_on_two_members(tmp_path: Path, kafka_bootstrap: str
             cluster.start(2)
             job = cluster.cli_json(cluster.members[0], "submit",
                                    str(_job_file(tmp_path, svc.url, out_dir)), "--name", "svc")
-            wait_until(lambda: cluster.cli_json(cluster.members[1], "status", job["id"])
+            wait_until(lambda: cluster.status(cluster.members[1], job["id"])
                        ["status"] == "COMPLETED", what="the job to complete", timeout=60,
                        interval=0.2)
             with cluster.members[1].client() as c:

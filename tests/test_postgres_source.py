@@ -336,10 +336,10 @@ def test_two_members_split_the_read_and_give_every_row_once(postgres_database, t
     try:
         cluster.start(2)
         job = cluster.cli_json(cluster.members[0], "submit", str(job_file), "--name", "pg")
-        wait_until(lambda: cluster.cli_json(cluster.members[1], "status", job["id"])
+        wait_until(lambda: cluster.status(cluster.members[1], job["id"])
                    ["status"] in ("COMPLETED", "FAILED"), what="the job to end", timeout=60,
                    interval=0.2)
-        status = cluster.cli_json(cluster.members[1], "status", job["id"])
+        status = cluster.status(cluster.members[1], job["id"])
     finally:
         cluster.stop_all()
 

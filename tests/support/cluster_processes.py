@@ -2,8 +2,8 @@
 
 ``ClusterProcesses`` starts ``jetwake member start --cluster NAME --kafka ...`` processes on
 free loopback ports, each with its own data directory and log file, waits until the cluster
-shows them, runs CLI commands against any of them, and stops every process it started (SIGKILL
-after a grace period), whatever the test did.
+shows them, runs CLI commands against any of them, and kills every process it started at the
+end, whatever the test did (a test that checks a graceful stop stops its member itself).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from jetwake import Client
+from jetwake.engine.server.cli.output import job_json
 from support.ports import free_port
 from support.waiting import wait_until
 
@@ -91,9 +91,11 @@ class ClusterProcesses:
         self.name = f"c{uuid.uuid4().hex[:10]}"
         self.members: list[ClusterMemberProcess] = []
 
-    def start(self, count: int, timeout: float = 60.0) -> list[ClusterMemberProcess]:
-        """Starts ``count`` members and waits until the cluster lists all of them."""
-        new = [self.start_member() for _ in range(count)]
+    def start(self, count: int, *extra: str, timeout: float = 60.0
+              ) -> list[ClusterMemberProcess]:
+        """Starts ``count`` members (``extra``: more ``member start`` options) and waits
+        until the cluster lists all of them."""
+        new = [self.start_member(*extra) for _ in range(count)]
         wait_until(lambda: all(m.ready() for m in new), what="every member serving clients",
                    timeout=timeout)
         expected = len([m for m in self.members if m.alive()])
@@ -133,6 +135,14 @@ class ClusterProcesses:
             return None
         return by_address.get(found[0]["address"])
 
+    def status(self, member: ClusterMemberProcess, job: str) -> dict:
+        """What ``jetwake status JOB --json`` on ``member`` shows of a job (without its
+        metrics), asked through a client in this process: the polls of a test's waits, where
+        a CLI process per poll would spend a second of a loaded machine's CPU on imports.
+        The CLI's own tests run the command itself."""
+        with member.client() as c:
+            return job_json(c.job(job).refresh())
+
     def cli(self, member: ClusterMemberProcess, *args: str, timeout: float = 120.0,
             cwd: Path | None = None) -> subprocess.CompletedProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JETWAKE_")}
@@ -147,15 +157,14 @@ class ClusterProcesses:
         return json.loads(r.stdout)
 
     def stop_all(self) -> None:
+        """Kills every member process (SIGKILL): the test is over, and a graceful stop of
+        all members at once made each hand its jobs over to the others, themselves stopping
+        (up to seconds per test). The cluster's name, topics and data directories are the
+        test's own, so nothing it leaves behind reaches another test."""
         for m in self.members:
             if m.alive():
-                m.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
+                m.proc.kill()
         for m in self.members:
-            try:
-                m.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
             m.kill()
 
 

@@ -116,6 +116,6 @@ def submit_sums(cluster: ClusterProcesses, member, tmp_path: Path, bootstrap: st
 
 
 def job_status(cluster: ClusterProcesses, member, job_id: str) -> dict:
-    """``jetwake status JOB --json`` on ``member``."""
-    return cluster.cli_json(member, "status", job_id)
+    """What ``jetwake status JOB --json`` on ``member`` shows (ClusterProcesses.status)."""
+    return cluster.status(member, job_id)
 

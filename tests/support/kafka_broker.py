@@ -40,6 +40,16 @@ from support.waiting import wait_until
 
 _KAFKA_LOCAL = Path(__file__).resolve().parent / "local_kafka" / "kafka_local.py"
 
+#: What the tests' own brokers set over kafka_local's defaults, for a test's pace: the log
+#: cleaner looks for work every second (Kafka's 15 s made a compaction test wait on it), and a
+#: consumer group accepts a session timeout down to 1 s (Kafka's floor is 6 s), so that a test
+#: that waits for a session to time out sets a short one (``session_timeout_ms``).
+TEST_BROKER_CONFIG = {"log.cleaner.backoff.ms": 1000, "group.min.session.timeout.ms": 1000}
+
+#: The session timeout a test that waits for one gives its members: half Kafka's 6 s default,
+#: still six heartbeats and well above a loaded machine's pauses.
+SHORT_SESSION_TIMEOUT_MS = 3000
+
 
 def _kafka_local():
     """Import tests/support/local_kafka/kafka_local.py (its folder is not a package)."""
@@ -63,6 +73,8 @@ def _start_container():
     from testcontainers.kafka import KafkaContainer
 
     container = KafkaContainer().with_kraft()
+    for key, value in TEST_BROKER_CONFIG.items():
+        container.with_env("KAFKA_" + key.upper().replace(".", "_"), str(value))
     container.start()
     return container
 
@@ -93,7 +105,7 @@ def kafka_bootstrap():
     port = kl.free_port()
     bootstrap = None
     try:
-        bootstrap = kl.start_broker(port)
+        bootstrap = kl.start_broker(port, broker_config=TEST_BROKER_CONFIG)
     except Exception as e:  # noqa: BLE001
         errors.append(f"local broker (tests/support/local_kafka/kafka_local.py) on port {port}: "
                       f"{type(e).__name__}: {e}")
@@ -113,6 +125,20 @@ def watch_for_orphaning(port: int) -> None:
     """Stops a broker that kafka_local started on ``port`` (the session's, or a test module's
     own) if this pytest process dies without its teardown."""
     orphan_watch(_KAFKA_LOCAL, "stop_broker", port)
+
+
+def session_timeout_ms(bootstrap: str, wanted: int = SHORT_SESSION_TIMEOUT_MS) -> int:
+    """``wanted``, or the broker's ``group.min.session.timeout.ms`` where that is higher (an
+    external broker at Kafka's defaults refuses a session timeout below 6 s): the session
+    timeout of a test's members when what it waits for is a session timing out."""
+    from confluent_kafka.admin import ConfigResource
+
+    admin = _admin(bootstrap)
+    broker = min(admin.list_topics(timeout=10).brokers)
+    resource = ConfigResource(ConfigResource.Type.BROKER, str(broker))
+    floor = admin.describe_configs([resource])[resource].result(timeout=10)[
+        "group.min.session.timeout.ms"].value
+    return max(wanted, int(floor))
 
 
 def _admin(bootstrap: str):

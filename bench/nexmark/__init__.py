@@ -1,0 +1,1 @@
+"""NEXMark benchmark: the standard auction-site events, generator, queries and runner."""
