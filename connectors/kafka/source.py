@@ -608,5 +608,5 @@ def _short(b: Any, n: int = 60) -> str:
     return r if len(r) <= n else r[:n - 3] + "..."
 
 
-def _headers(headers: list | None) -> list:
+def _headers(headers: Any) -> list:
     return headers or []
