@@ -49,10 +49,25 @@ def test_a_coordinator_takes_over_once_kafka_answers_after_failing():
     assert role._took_over.is_set()
 
 
-def test_a_member_that_lost_the_role_stops_trying():
-    place = _place(Records(failures=100), coordinator=False)
+def test_a_member_that_loses_the_role_while_retrying_stops_trying():
+    place = _place(Records(failures=100))
     role = CoordinatorRole(place)  # type: ignore[arg-type]
+
+    def fail_and_lose_the_role() -> None:
+        place.records.calls += 1
+        place.membership.is_coordinator = False  # Kafka moved partition 0 on meanwhile
+        raise TimeoutError()
+    place.records.open_writer = fail_and_lose_the_role
     role._take_over()
     assert place.records.calls == 1
+    assert place.resumed == []
+    assert not role._took_over.is_set()
+
+
+def test_a_take_over_queued_before_the_role_moved_on_fences_nothing():
+    place = _place(Records(failures=0), coordinator=False)
+    role = CoordinatorRole(place)  # type: ignore[arg-type]
+    role._take_over()
+    assert place.records.calls == 0  # opening the writer would fence the real coordinator
     assert place.resumed == []
     assert not role._took_over.is_set()

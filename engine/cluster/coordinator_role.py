@@ -110,6 +110,12 @@ class CoordinatorRole:
         with self._lock:
             if place.detector.stopped:
                 return  # leaving the cluster
+            if not self.is_coordinator:
+                # queued while the member held the role, run after Kafka moved it on (two
+                # members joining close together): fencing now would fence the real coordinator
+                log.info("member %s is no longer the coordinator: no take-over",
+                         place.member_id)
+                return
             # Kafka may not answer in time (a broker just killed or restarting, the transaction
             # coordinator moving): no new election would follow, so the member tries again as
             # long as it holds the role; giving up left the cluster without a coordinator
