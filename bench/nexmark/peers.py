@@ -255,7 +255,7 @@ def check_peer_query(peer: str, query_name: str) -> None:
         raise ValueError(f"run_peer(): unknown peer {peer!r}; choose from {', '.join(PEERS)}")
     if query_name not in SUPPORTED[peer]:
         raise ValueError(f"run_peer(): {peer} does not run NEXMark {query_name} (it runs "
-                         f"{', '.join(SUPPORTED[peer])}; docs/nexmark.md ("The peers") says why)")
+                         f"{', '.join(SUPPORTED[peer])}; docs/nexmark.md, 'The peers', says why)")
 
 
 def peer_command(peer: str, python: str, query_name: str, bootstrap: str, output_topic: str,
