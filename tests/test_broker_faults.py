@@ -11,68 +11,52 @@ reported in docs/reliability.md.
 
 from __future__ import annotations
 
-import textwrap
 import time
 from pathlib import Path
 
+import cloudpickle
 import pytest
 
-from jetwake import JobConfig
-from jetwake.engine.server.cli.pipeline_files import load_pipeline
-from support.broker_faults import Brokers, LiveInput, LiveOutput, read_input, running_states
+from jetwake import JobConfig, JobStatus, Member
+from support import broker_faults
+from support.broker_faults import (
+    Brokers, LiveInput, LiveOutput, read_input, running_state_pipeline, running_states,
+)
 from support.cluster_processes import ClusterProcesses
-from support.cluster_sums import by_key
+from support.cluster_sums import Output, by_key, produce_events
 from support.waiting import stays_true, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.faults]
 
 PARTITIONS = 3
 SESSION_TIMEOUT_S = 6.0       # the members' Kafka session timeout (the default)
-BROKER_SESSION_TIMEOUT_S = 9.0  # broker.session.timeout.ms: a silent broker is fenced after it
 SINK_VERTEX = "kafka-sink"
 STALLS: dict[str, float] = {}  # fault -> longest stretch without output, for the docs
-
-
-def _job_file(tmp: Path, bootstrap: str, source: str, sink: str) -> Path:
-    path = tmp / "running_state.py"
-    path.write_text(textwrap.dedent(f"""
-        from jetwake import Pipeline, Sinks, Sources
-        props = {{"bootstrap.servers": {bootstrap!r}}}
-
-        def add(state, key, item):
-            state[0] += item[1]  # changed in place: the state object itself is kept
-            state[1] += 1
-            return (key, list(state))
-
-        pipeline = Pipeline()
-        (pipeline.read_from(Sources.kafka({source!r}, props, key_deserializer="str",
-                                          value_deserializer="json"))
-            .group_by(lambda kv: kv[0])
-            .map_stateful(lambda: [0, 0], add).set_name("running")
-            .write_to(Sinks.kafka({sink!r}, props, key_serializer="str",
-                                  value_serializer="json")))
-    """))
-    return path
 
 
 class Run:
     """The module's cluster, job, live input and output."""
 
-    def __init__(self, tmp: Path, three_brokers) -> None:
+    def __init__(self, tmp: Path, three_brokers, brokers: Brokers) -> None:
         self.bootstrap = three_brokers.bootstrap
-        self.brokers = Brokers(self.bootstrap)
+        self.brokers = brokers
         self.source = three_brokers.new_topic("bf-in", partitions=PARTITIONS)
         self.sink = three_brokers.new_topic("bf-out", partitions=PARTITIONS)
         self.cluster = ClusterProcesses(tmp, self.bootstrap)
         self.members = self.cluster.start(3)
-        pipeline = load_pipeline(str(_job_file(tmp, self.bootstrap, self.source, self.sink)))
-        with self.members[0].client() as c:
-            self.job_id = c.new_job(pipeline, JobConfig(
-                name="running", processing_guarantee="exactly_once",
-                snapshot_interval_ms=200, state_backend="rocksdb")).id
+        # the pipeline's functions travel to the member processes by value
+        cloudpickle.register_pickle_by_value(broker_faults)
+        try:
+            with self.members[0].client() as c:
+                self.job_id = c.new_job(
+                    running_state_pipeline(self.bootstrap, self.source, self.sink),
+                    JobConfig(name="running", processing_guarantee="exactly_once",
+                              snapshot_interval_ms=200, state_backend="rocksdb")).id
+        finally:
+            cloudpickle.unregister_pickle_by_value(broker_faults)
         self.input = LiveInput(self.bootstrap, self.source)
         self.output = LiveOutput(self.bootstrap, self.sink)
-        wait_until(lambda: self.output.count() >= 100, what="the job's first output",
+        wait_until(lambda: self.output.count() >= 50, what="the job's first output",
                    timeout=90, interval=0.1)
 
     def transactional_ids(self) -> list[str]:
@@ -97,12 +81,20 @@ class Run:
         self.input.stop()
         self.output.stop()
         self.cluster.stop_all()
-        self.brokers.heal()
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, kafka_three_brokers):
-    r = Run(tmp_path_factory.mktemp("broker-faults"), kafka_three_brokers)
+def brokers(kafka_three_brokers):
+    b = Brokers(kafka_three_brokers.bootstrap)
+    try:
+        yield b
+    finally:
+        b.heal()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, kafka_three_brokers, brokers):
+    r = Run(tmp_path_factory.mktemp("broker-faults"), kafka_three_brokers, brokers)
     try:
         yield r
     finally:
@@ -188,3 +180,36 @@ def test_the_job_restarts_by_itself_exactly_once_when_every_broker_was_stopped(
     run.brokers.heal()
     run.assert_caught_up_exactly_once("every broker stopped", since)
     assert all(m.alive() for m in run.members)
+
+
+def test_a_job_whose_brokers_are_gone_for_good_fails_naming_them_and_how_long(
+        kafka_three_brokers, brokers: Brokers, tmp_path: Path) -> None:
+    bootstrap = kafka_three_brokers.bootstrap
+    source = kafka_three_brokers.new_topic("bf-gone-in")
+    sink = kafka_three_brokers.new_topic("bf-gone-out")
+    pipeline = running_state_pipeline(bootstrap, source, sink,
+                                      {"jetwake.unreachable.timeout.ms": 3000})
+    produce_events(bootstrap, source, [(f"k{i % 5}", i) for i in range(50)])
+    out = Output(bootstrap, sink)
+    try:
+        with Member(tmp_path / "member") as member:
+            job = member.new_job(pipeline, JobConfig(
+                name="gone", processing_guarantee="exactly_once", snapshot_interval_ms=200))
+            wait_until(lambda: out.has(50), what="the job's output", timeout=60, interval=0)
+            out.close()
+            for node in brokers.nodes:
+                brokers.kill(node)
+            gone = time.monotonic()
+            wait_until(lambda: job.get_status() == JobStatus.FAILED,
+                       what=lambda: f"the job to fail (it is {job.get_status()}: "
+                                    f"{job.failure})", timeout=90, interval=0.2)
+            failed_after = time.monotonic() - gone
+            failure = job.failure or ""
+            assert all(brokers.pid(n) is None for n in brokers.nodes), "a broker came back"
+    finally:
+        brokers.heal()
+    assert failed_after >= 3.0
+    assert f"the Kafka brokers at {bootstrap} have not answered for" in failure
+    assert "jetwake.unreachable.timeout.ms=3000" in failure
+    print(f"\nbrokers gone for good: the job FAILED {failed_after:.1f} s after the kill: "
+          f"{failure}")

@@ -22,6 +22,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from jetwake import Pipeline, Sinks, Sources
 from support.kafka_broker import _kafka_local
 from support.waiting import wait_until
 
@@ -58,14 +59,22 @@ class Brokers:
 
     # --- the node a fault hits ----------------------------------------------------------
 
+    def _partitions(self, topic: str) -> dict:
+        """``topic``'s partitions in the metadata, asked again while no broker answers (a
+        broker just killed, a loaded machine)."""
+        def ask() -> dict | None:
+            try:
+                return self.admin.list_topics(topic=topic, timeout=5).topics[topic].partitions
+            except Exception:  # noqa: BLE001 - no answer this time
+                return None
+        return wait_until(ask, what=f"the metadata of {topic}", timeout=60, interval=0.2)
+
     def leader(self, topic: str, partition: int = 0) -> int:
         """The broker id leading ``topic``'s ``partition`` (-1 while there is none)."""
-        md = self.admin.list_topics(topic=topic, timeout=10)
-        return md.topics[topic].partitions[partition].leader
+        return self._partitions(topic)[partition].leader
 
     def isr(self, topic: str, partition: int = 0) -> list[int]:
-        md = self.admin.list_topics(topic=topic, timeout=10)
-        return list(md.topics[topic].partitions[partition].isrs)
+        return list(self._partitions(topic)[partition].isrs)
 
     def controller(self) -> tuple[int, int]:
         """``(node id, epoch)`` of the active KRaft controller: the newest "Becoming the active
@@ -82,8 +91,7 @@ class Brokers:
 
     def transaction_coordinator(self, transactional_id: str) -> int:
         """The broker id coordinating ``transactional_id``'s transactions."""
-        md = self.admin.list_topics(topic="__transaction_state", timeout=10)
-        parts = md.topics["__transaction_state"].partitions
+        parts = self._partitions("__transaction_state")
         return parts[transaction_partition(transactional_id, len(parts))].leader
 
     # --- faults ---------------------------------------------------------------------------
@@ -140,7 +148,7 @@ class LiveInput:
     """A producer thread writing ``(key, value)`` events into ``topic`` at about ``rate`` per
     second (idempotent, acks=all) until stopped; ``sent`` counts the acknowledged ones."""
 
-    def __init__(self, bootstrap: str, topic: str, rate: float = 200.0, keys: int = 11) -> None:
+    def __init__(self, bootstrap: str, topic: str, rate: float = 50.0, keys: int = 11) -> None:
         self.topic, self.keys, self.interval = topic, keys, 1.0 / rate
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                                   "acks": "all", "linger.ms": 5,
@@ -235,6 +243,28 @@ def read_input(bootstrap: str, topic: str, partitions: int) -> list[tuple[str, i
     finally:
         c.close()
     return out
+
+
+def _add(state: list[int], key: str, item: tuple[str, int]) -> tuple[str, list[int]]:
+    """The running ``[sum, count]`` of a key, changed in place (the state object is kept)."""
+    state[0] += item[1]
+    state[1] += 1
+    return (key, list(state))
+
+
+def running_state_pipeline(bootstrap: str, source: str, sink: str,
+                           source_options: dict | None = None) -> Pipeline:
+    """The job of the broker fault tests: ``source`` (str keys, JSON values) -> a running
+    ``[sum, count]`` per key, stage "running" -> ``sink``. ``source_options`` are added to
+    the source's properties (``jetwake.`` options)."""
+    props = {"bootstrap.servers": bootstrap}
+    pipeline = Pipeline()
+    (pipeline.read_from(Sources.kafka(source, {**props, **(source_options or {})},
+                                      key_deserializer="str", value_deserializer="json"))
+        .group_by(lambda kv: kv[0])
+        .map_stateful(lambda: [0, 0], _add).set_name("running")
+        .write_to(Sinks.kafka(sink, props, key_serializer="str", value_serializer="json")))
+    return pipeline
 
 
 def running_states(events: list[tuple[str, int]]) -> dict[str, list[list[int]]]:
