@@ -108,12 +108,23 @@ class CoordinatorRole:
         with self._lock:
             if place.detector.stopped:
                 return  # leaving the cluster
-            try:
-                place.records.open_writer()
-            except Exception as e:  # noqa: BLE001 - retried at the next election
-                log.error("member %s could not take over as coordinator: %r", place.member_id,
-                          e)
-                return
+            delay = 0.5
+            while True:
+                try:
+                    place.records.open_writer()
+                    break
+                except Exception as e:  # noqa: BLE001 - tried again while the role is ours
+                    # a broker just killed or restarted answers the records' reads with
+                    # transient errors for a while (a stale leader epoch): no other election
+                    # comes to retry it, so the jobs would stay unresumed
+                    if place.detector.stopped or not self.is_coordinator:
+                        log.error("member %s could not take over as coordinator: %r",
+                                  place.member_id, e)
+                        return
+                    log.warning("member %s could not take over as coordinator yet (%r); "
+                                "trying again in %.1f s", place.member_id, e, delay)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
             log.info("member %s coordinates cluster '%s'", place.member_id, place.cluster_name)
             try:
                 place.member.recover_jobs()
