@@ -63,6 +63,11 @@ _CHUNK_SEPARATOR = "\x00"
 # reader starts again from the beginning.
 _DELETE_RETENTION_MS = 24 * 3600 * 1000
 _RESUME_AT_MOST_AFTER = 3600.0
+# answers to a partition question that librdkafka's admin client keeps getting, for minutes,
+# after the partition's leader changed (it asks again with the leader epoch it knew): a new
+# client asks with fresh metadata
+_STALE_LEADER = {KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+                 KafkaError.NOT_LEADER_FOR_PARTITION}
 
 
 def records_topic(cluster: str) -> str:
@@ -153,6 +158,9 @@ class ClusterRecords:
         self.topic = records_topic(self.cluster)
         self.replication = replication  # of a new topic; None: as many as there are brokers
         self._admin_client: AdminClient | None = None
+        # replaced clients, kept referenced: destroying one with a request of another thread
+        # in flight would leave that request unanswered
+        self._retired_admins: list[AdminClient] = []
         self._fence: CoordinatorFence | None = None
         self._consumer: Consumer | None = None
         self._read_lock = threading.Lock()
@@ -263,8 +271,15 @@ class ClusterRecords:
 
     def _end_offset(self, isolation: IsolationLevel, timeout: float) -> int:
         tp = TopicPartition(self.topic, 0)
-        return self._admin().list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation,
-                                          request_timeout=timeout)[tp].result(timeout).offset
+        admin = self._admin()
+        try:
+            return admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation,
+                                      request_timeout=timeout)[tp].result(timeout).offset
+        except KafkaException as e:
+            if e.args[0].code() in _STALE_LEADER and self._admin_client is admin:
+                self._retired_admins = [*self._retired_admins[-3:], admin]
+                self._admin_client = None  # the next question goes through a new client
+            raise
 
     def _log_end(self, timeout: float) -> int:
         """The partition's end offset, committed or not: past the records just written."""
