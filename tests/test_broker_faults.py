@@ -6,7 +6,8 @@ fed by a live producer, through keyed state changed in place in RocksDB (a runni
 that it happened, undoes it, and then checks that the job caught up by itself with every
 output record once (a ``read_committed`` reader) and the state exact, as the input says.
 The longest stretch without output after each fault is printed (run with ``-s``) and
-reported in docs/reliability.md.
+reported in docs/reliability.md. The last test is a job whose brokers are gone for good: it
+fails, naming them and how long they did not answer, instead of retrying forever.
 """
 
 from __future__ import annotations
