@@ -33,6 +33,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 from jetwake.connectors.kafka.client_log import with_client_log
+from jetwake.engine.cluster.admin_clients import RenewableAdmin
 from jetwake.engine.cluster.cluster_topics import (
     TOPIC_MAX_MESSAGE_BYTES, create_topic, durable_config, replication_for,
     warn_if_single_replica,
@@ -63,11 +64,6 @@ _CHUNK_SEPARATOR = "\x00"
 # reader starts again from the beginning.
 _DELETE_RETENTION_MS = 24 * 3600 * 1000
 _RESUME_AT_MOST_AFTER = 3600.0
-# answers to a partition question that librdkafka's admin client keeps getting, for minutes,
-# after the partition's leader changed (it asks again with the leader epoch it knew): a new
-# client asks with fresh metadata
-_STALE_LEADER = {KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
-                 KafkaError.NOT_LEADER_FOR_PARTITION}
 
 
 def records_topic(cluster: str) -> str:
@@ -157,10 +153,7 @@ class ClusterRecords:
         self.cluster = check_cluster_name(cluster)
         self.topic = records_topic(self.cluster)
         self.replication = replication  # of a new topic; None: as many as there are brokers
-        self._admin_client: AdminClient | None = None
-        # replaced clients, kept referenced: destroying one with a request of another thread
-        # in flight would leave that request unanswered
-        self._retired_admins: list[AdminClient] = []
+        self._admin_clients = RenewableAdmin(self.bootstrap_servers)
         self._fence: CoordinatorFence | None = None
         self._consumer: Consumer | None = None
         self._read_lock = threading.Lock()
@@ -183,10 +176,7 @@ class ClusterRecords:
     # -- set-up ---------------------------------------------------------------------------
 
     def _admin(self) -> AdminClient:
-        if self._admin_client is None:
-            self._admin_client = AdminClient(with_client_log(
-                {"bootstrap.servers": self.bootstrap_servers}))
-        return self._admin_client
+        return self._admin_clients.get()
 
     def ensure_topic(self, timeout: float = 30.0) -> None:
         """Creates the records topic unless it exists (any member may; the first one wins)."""
@@ -275,10 +265,8 @@ class ClusterRecords:
         try:
             return admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation,
                                       request_timeout=timeout)[tp].result(timeout).offset
-        except KafkaException as e:
-            if e.args[0].code() in _STALE_LEADER and self._admin_client is admin:
-                self._retired_admins = [*self._retired_admins[-3:], admin]
-                self._admin_client = None  # the next question goes through a new client
+        except Exception as e:
+            self._admin_clients.failed(admin, e)
             raise
 
     def _log_end(self, timeout: float) -> int:
