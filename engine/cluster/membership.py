@@ -30,6 +30,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from jetwake.connectors.kafka.client_log import with_client_log
+from jetwake.engine.cluster.admin_clients import RenewableAdmin
 from jetwake.engine.cluster.cluster_topics import create_topic, replication_for
 from jetwake.engine.cluster.group_leave import remove_group_member
 from jetwake.engine.core.errors import JetwakeError
