@@ -55,6 +55,7 @@ class Brokers:
         self.kl = _kafka_local()
         self.nodes = list(range(1, len(bootstrap.split(",")) + 1))
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self._retired: list[AdminClient] = []
         self.paused: set[int] = set()
 
     # --- the node a fault hits ----------------------------------------------------------
@@ -66,6 +67,7 @@ class Brokers:
             try:
                 return self.admin.list_topics(topic=topic, timeout=5).topics[topic].partitions
             except Exception:  # noqa: BLE001 - no answer this time
+                self._new_admin()
                 return None
         return wait_until(ask, what=f"the metadata of {topic}", timeout=60, interval=0.2)
 
@@ -130,7 +132,14 @@ class Brokers:
         try:
             return set(self.admin.list_topics(timeout=3).brokers)
         except Exception:  # noqa: BLE001 - no broker answers yet
+            self._new_admin()
             return set()
+
+    def _new_admin(self) -> None:
+        """A client that timed out may keep asking a paused broker: the next question goes
+        through a new one (the old one is kept, as its request may still be in flight)."""
+        self._retired.append(self.admin)
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
 
     def heal(self) -> None:
         """Every node running and continued (a test's clean-up, whatever it did)."""
