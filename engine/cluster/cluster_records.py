@@ -110,7 +110,18 @@ def ensure_compacted_topic(admin: AdminClient, topic: str, partitions: int,
 
 def _check_compacted(admin: AdminClient, topic: str, timeout: float) -> None:
     resource = ConfigResource(ResourceType.TOPIC, topic)
-    configs = admin.describe_configs([resource])[resource].result(timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            configs = admin.describe_configs([resource])[resource].result(timeout)
+            break
+        except KafkaException as e:
+            # created a moment ago through another broker (by another member starting at the
+            # same time): the broker asked may not know the topic yet
+            if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART \
+                    or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
     policy = configs.get("cleanup.policy")
     if policy is not None and "compact" not in policy.value:
         raise JetwakeError(f"the topic {topic} has cleanup.policy={policy.value}; it must be "
