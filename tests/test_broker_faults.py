@@ -19,6 +19,7 @@ import cloudpickle
 import pytest
 
 from jetwake import JobConfig, JobStatus, Member
+from jetwake.engine.server.client import RemoteError
 from support import broker_faults
 from support.broker_faults import (
     Brokers, LiveInput, LiveOutput, read_input, running_state_pipeline, running_states,
@@ -48,17 +49,28 @@ class Run:
         # the pipeline's functions travel to the member processes by value
         cloudpickle.register_pickle_by_value(broker_faults)
         try:
-            with self.members[0].client() as c:
-                self.job_id = c.new_job(
-                    running_state_pipeline(self.bootstrap, self.source, self.sink),
-                    JobConfig(name="running", processing_guarantee="exactly_once",
-                              snapshot_interval_ms=200, state_backend="rocksdb")).id
+            self.job_id = wait_until(self._submit, what="the job submitted", timeout=60,
+                                     interval=0.5)
         finally:
             cloudpickle.unregister_pickle_by_value(broker_faults)
         self.input = LiveInput(self.bootstrap, self.source)
         self.output = LiveOutput(self.bootstrap, self.sink)
         wait_until(lambda: self.output.count() >= 50, what="the job's first output",
                    timeout=90, interval=0.1)
+
+    def _submit(self) -> str | None:
+        """Submits the job; None when the member was fenced as coordinator meanwhile (three
+        members that have just started may still be moving the role), so it is asked again."""
+        try:
+            with self.members[0].client() as c:
+                return c.new_job(
+                    running_state_pipeline(self.bootstrap, self.source, self.sink),
+                    JobConfig(name="running", processing_guarantee="exactly_once",
+                              snapshot_interval_ms=200, state_backend="rocksdb")).id
+        except RemoteError as e:
+            if "FencedError" not in str(e):
+                raise
+            return None
 
     def transactional_ids(self) -> list[str]:
         return [f"jetwake-{self.job_id}-{SINK_VERTEX}-{i}" for i in range(len(self.members))]

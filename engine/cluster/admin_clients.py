@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
@@ -25,7 +26,11 @@ __all__ = ["RenewableAdmin"]
 # answers that mean the client's own view is stale, not that Kafka is away
 _STALE = {KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
           KafkaError.NOT_LEADER_FOR_PARTITION}
-_KEEP_RETIRED = 4
+# at most one new client per this many seconds: every call times out while Kafka is away, and
+# each replaced client stays referenced for the member's life (a client destroyed with a
+# request in flight never completes it, and librdkafka may abort the process on its
+# "eonce->refcnt > 0" assertion)
+_RENEW_AT_MOST_EVERY_S = 15.0
 
 
 class RenewableAdmin:
@@ -35,9 +40,10 @@ class RenewableAdmin:
         self.bootstrap_servers = bootstrap_servers
         self._lock = threading.Lock()
         self._client: AdminClient | None = None
-        # replaced clients, kept referenced: a client dropped while a request of another
-        # thread is in flight never completes that request
+        # replaced clients, kept referenced (never destroyed): a client dropped while a
+        # request of another thread is in flight never completes that request
         self._retired: list[AdminClient] = []
+        self._renewed_at = 0.0
 
     def get(self) -> AdminClient:
         with self._lock:
@@ -55,6 +61,8 @@ class RenewableAdmin:
         if not (timed_out or stale):
             return
         with self._lock:
-            if self._client is client:
-                self._retired = [*self._retired[-(_KEEP_RETIRED - 1):], client]
+            now = time.monotonic()
+            if self._client is client and now - self._renewed_at >= _RENEW_AT_MOST_EVERY_S:
+                self._retired.append(client)
                 self._client = None
+                self._renewed_at = now
