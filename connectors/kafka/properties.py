@@ -16,6 +16,9 @@ __all__ = ["check_common", "source_properties", "sink_properties", "split_option
 # connector options (not librdkafka properties) and their defaults
 SOURCE_OPTIONS = {
     "jetwake.startup.timeout.ms": 60_000,      # broker unreachable at start: fail after this
+    # brokers that answered nothing for this long, across the job's restarts, fail the job
+    # (reachability.py); 0: retry without a bound
+    "jetwake.unreachable.timeout.ms": 600_000,
     "jetwake.partition.discovery.ms": 5_000,   # how often new partitions are looked for
     "jetwake.poll.batch": 2048,                # messages asked of one consume() call
     "jetwake.poll.timeout.ms": 20,             # accepted, no longer used: consume() never waits

@@ -49,6 +49,7 @@ from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, Proces
 from jetwake.engine.processors.source_event_time import PartitionedSource, SourceEventTime
 from jetwake.connectors.kafka.serde import KafkaRecord, deserialize_all
 from jetwake.connectors.kafka.client_log import with_client_log
+from jetwake.connectors.kafka import reachability
 
 __all__ = ["KafkaSourceProcessor", "KafkaSourceEntries", "KafkaSourceError",
            "KafkaDeserializationError", "MetadataPoller", "owner_of_partition"]
@@ -101,8 +102,9 @@ class MetadataPoller:
     round trip, and up to its timeout while a broker is away: a cooperative processor must not
     wait for it."""
 
-    def __init__(self, consumer: Any, interval: float, name: str) -> None:
+    def __init__(self, consumer: Any, interval: float, name: str, servers: str) -> None:
         self._consumer = consumer
+        self._servers = servers
         self._interval = interval
         self._stopped = threading.Event()
         self._latest: Any = None
@@ -114,7 +116,9 @@ class MetadataPoller:
         while not self._stopped.wait(self._interval):
             try:
                 self._latest = self._consumer.list_topics(timeout=2.0)
+                reachability.answered(self._servers)
             except Exception as e:  # noqa: BLE001 - a broker away for a moment: next round
+                reachability.unanswered(self._servers)
                 log.debug("partition discovery failed: %s", e)
 
     def take(self) -> Any:
@@ -178,6 +182,8 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
         self.commit_group = "group.id" in props
         props.setdefault("group.id", f"jetwake-{context.job_id}-{context.vertex_name}")
         self.consumer = Consumer(with_client_log(props))
+        self.servers = str(self.properties.get("bootstrap.servers"))
+        self.unreachable_ms = self.options[reachability.UNREACHABLE_OPTION]
         self.batch = self.options["jetwake.poll.batch"]
         self.discovery = self.options["jetwake.partition.discovery.ms"] / 1000
         self.et = self.make_event_time(context.metrics)
@@ -197,15 +203,22 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
 
     def _metadata_with_retry(self) -> Any:
         """Cluster metadata with every topic present; retried with exponential back-off until
-        ``jetwake.startup.timeout.ms``."""
-        from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_delay,
-                              wait_exponential)
+        ``jetwake.startup.timeout.ms``, or until the brokers have not answered for longer
+        than ``jetwake.unreachable.timeout.ms`` across the job's restarts (reachability)."""
+        from tenacity import (RetryError, Retrying, retry_if_not_exception_type,
+                              stop_after_delay, wait_exponential)
 
         limit = self.options["jetwake.startup.timeout.ms"] / 1000
         servers = self.properties.get("bootstrap.servers")
 
         def fetch() -> Any:
-            md = self.consumer.list_topics(timeout=min(5.0, max(limit, 0.5)))
+            try:
+                md = self.consumer.list_topics(timeout=min(5.0, max(limit, 0.5)))
+            except Exception:
+                reachability.unanswered(self.servers)
+                reachability.check(self.servers, self.unreachable_ms, self.where)
+                raise
+            reachability.answered(self.servers)
             missing = [t for t in self.topics
                        if t not in md.topics or md.topics[t].error is not None
                        or not md.topics[t].partitions]
@@ -216,7 +229,8 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
         try:
             for attempt in Retrying(stop=stop_after_delay(limit),
                                     wait=wait_exponential(multiplier=0.1, max=2.0),
-                                    retry=retry_if_exception_type(Exception), reraise=False):
+                                    retry=retry_if_not_exception_type(
+                                        reachability.KafkaUnreachableError), reraise=False):
                 with attempt:
                     return fetch()
         except RetryError as e:
@@ -282,7 +296,8 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
                 self.et.add_partition(tp, self.restored_tops.get(tp))
         if self.discovery:
             self._poller = MetadataPoller(self.consumer, self.discovery,
-                                          f"{self.context.vertex_name}#{self.index}")
+                                          f"{self.context.vertex_name}#{self.index}",
+                                          self.servers)
         log.debug("%s#%d reads %s", self.context.vertex_name, self.index, self.owned)
 
     def _initial_offsets(self, tps: list) -> dict:
@@ -331,6 +346,7 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
     def complete(self) -> bool:
         if not self.started:
             self._start()
+        reachability.check(self.servers, self.unreachable_ms, self.where)
         if self._poller is not None:
             md = self._poller.take()
             if md is not None:
@@ -357,6 +373,7 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
             msgs = self._handle_errors(msgs)
             if not msgs:
                 return
+        reachability.answered(self.servers)
         tss = list(map(_ts, map(Message.timestamp, msgs)))
         try:
             if self.projection is not None:
@@ -461,6 +478,8 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
                 continue
             if err.fatal():
                 raise RestartableError(f"Sources.kafka(): fatal consumer error: {err}")
+            if err.code() == KafkaError._ALL_BROKERS_DOWN:
+                reachability.unanswered(self.servers)
             now = time.monotonic()
             if now - self._last_error_log > 5:
                 self._last_error_log = now

@@ -33,6 +33,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 from jetwake.connectors.kafka.client_log import with_client_log
+from jetwake.engine.cluster.admin_clients import RenewableAdmin
 from jetwake.engine.cluster.cluster_topics import (
     TOPIC_MAX_MESSAGE_BYTES, create_topic, durable_config, replication_for,
     warn_if_single_replica,
@@ -109,7 +110,18 @@ def ensure_compacted_topic(admin: AdminClient, topic: str, partitions: int,
 
 def _check_compacted(admin: AdminClient, topic: str, timeout: float) -> None:
     resource = ConfigResource(ResourceType.TOPIC, topic)
-    configs = admin.describe_configs([resource])[resource].result(timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            configs = admin.describe_configs([resource])[resource].result(timeout)
+            break
+        except KafkaException as e:
+            # created a moment ago through another broker (by another member starting at the
+            # same time): the broker asked may not know the topic yet
+            if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART \
+                    or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
     policy = configs.get("cleanup.policy")
     if policy is not None and "compact" not in policy.value:
         raise JetwakeError(f"the topic {topic} has cleanup.policy={policy.value}; it must be "
@@ -152,7 +164,7 @@ class ClusterRecords:
         self.cluster = check_cluster_name(cluster)
         self.topic = records_topic(self.cluster)
         self.replication = replication  # of a new topic; None: as many as there are brokers
-        self._admin_client: AdminClient | None = None
+        self._admin_clients = RenewableAdmin(self.bootstrap_servers)
         self._fence: CoordinatorFence | None = None
         self._consumer: Consumer | None = None
         self._read_lock = threading.Lock()
@@ -175,10 +187,7 @@ class ClusterRecords:
     # -- set-up ---------------------------------------------------------------------------
 
     def _admin(self) -> AdminClient:
-        if self._admin_client is None:
-            self._admin_client = AdminClient(with_client_log(
-                {"bootstrap.servers": self.bootstrap_servers}))
-        return self._admin_client
+        return self._admin_clients.get()
 
     def ensure_topic(self, timeout: float = 30.0) -> None:
         """Creates the records topic unless it exists (any member may; the first one wins)."""
@@ -263,8 +272,13 @@ class ClusterRecords:
 
     def _end_offset(self, isolation: IsolationLevel, timeout: float) -> int:
         tp = TopicPartition(self.topic, 0)
-        return self._admin().list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation,
-                                          request_timeout=timeout)[tp].result(timeout).offset
+        admin = self._admin()
+        try:
+            return admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation,
+                                      request_timeout=timeout)[tp].result(timeout).offset
+        except Exception as e:
+            self._admin_clients.failed(admin, e)
+            raise
 
     def _log_end(self, timeout: float) -> int:
         """The partition's end offset, committed or not: past the records just written."""

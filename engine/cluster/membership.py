@@ -30,6 +30,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from jetwake.connectors.kafka.client_log import with_client_log
+from jetwake.engine.cluster.admin_clients import RenewableAdmin
 from jetwake.engine.cluster.cluster_topics import create_topic, replication_for
 from jetwake.engine.cluster.group_leave import remove_group_member
 from jetwake.engine.core.errors import JetwakeError
@@ -100,7 +101,7 @@ class KafkaMembership:
         self._stopping = threading.Event()
         self._joined = threading.Event()
         self._lock = threading.Lock()
-        self._admin_client: AdminClient | None = None
+        self._admin_clients = RenewableAdmin(bootstrap_servers)
         self.error: BaseException | None = None
         self.joined_ms = int(time.time() * 1000)
         self._unreachable_since: float | None = None
@@ -112,12 +113,8 @@ class KafkaMembership:
         return self._is_coordinator
 
     def _admin(self) -> AdminClient:
-        # one client for the member's life: a request of a client that is dropped while the
-        # request is in flight never completes
-        if self._admin_client is None:
-            self._admin_client = AdminClient(with_client_log(
-                {"bootstrap.servers": self.bootstrap_servers}))
-        return self._admin_client
+        # one client, replaced only when it stops getting answers (admin_clients.py)
+        return self._admin_clients.get()
 
     def ensure_control_topic(self, timeout: float = 30.0,
                              replication: int | None = None) -> None:
@@ -274,8 +271,12 @@ class KafkaMembership:
     def _group(self, timeout: float) -> list[tuple[MemberInfo, str]]:
         """The group's jetwake members, each with the member id Kafka gave its consumer."""
         gid = group_id(self.cluster)
-        desc = self._admin().describe_consumer_groups([gid])[gid] \
-            .result(timeout)
+        admin = self._admin()
+        try:
+            desc = admin.describe_consumer_groups([gid])[gid].result(timeout)
+        except Exception as e:
+            self._admin_clients.failed(admin, e)
+            raise
         out = []
         for m in desc.members:
             if not m.client_id.startswith(_CLIENT_PREFIX):

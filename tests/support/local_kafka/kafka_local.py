@@ -312,6 +312,24 @@ def _run_checked(cmd: list[str], what: str, log: Path) -> None:
     _lp.run_checked(cmd, what, log, KafkaLocalError)
 
 
+def _jvm_command(java: str, rdir: Path) -> list[str]:
+    """The java command line, up to the node's own arguments, of every node of a run."""
+    return [java, *HEAP.split(), *JVM_OPTS.split(), "-Djava.awt.headless=true",
+            f"-Dlog4j.configuration=file:{rdir / 'log4j.properties'}",
+            f"-Dkafka.logs.dir={rdir}", "-cp", _classpath()]
+
+
+def _start_node(jvm_common: list[str], rdir: Path, node_id: int) -> subprocess.Popen:
+    """Starts node ``node_id`` of the run in ``rdir`` on its server properties and data,
+    appending to its log."""
+    with open(rdir / f"broker-{node_id}.log", "ab") as out:
+        return subprocess.Popen(
+            [*jvm_common, f"-Dkafka.node.id={node_id}", "kafka.Kafka",
+             str(rdir / f"server-{node_id}.properties")],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True, cwd=rdir)
+
+
 def _terminate(pids: list[int], timeout: float = STOP_TIMEOUT) -> None:
     """SIGTERM, then SIGKILL to the pids that ignored it."""
     _lp.terminate(pids, [(signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)], _pid_alive, _log,
@@ -477,9 +495,7 @@ def start_broker(port: int | None = None, nodes: int = 1,
         rdir.mkdir(parents=True)
         log4j = rdir / "log4j.properties"
         log4j.write_text(LOG4J_PROPERTIES)
-        jvm_common = [java, *HEAP.split(), *JVM_OPTS.split(), "-Djava.awt.headless=true",
-                      f"-Dlog4j.configuration=file:{log4j}", f"-Dkafka.logs.dir={rdir}",
-                      "-cp", _classpath()]
+        jvm_common = _jvm_command(java, rdir)
 
         broker_ports = set(range(port, port + nodes))
         controller_ports: list[int] = []
@@ -510,15 +526,10 @@ def start_broker(port: int | None = None, nodes: int = 1,
                              rdir / f"format-{node_id}.log")
             for i in range(nodes):
                 node_id = i + 1
-                log = rdir / f"broker-{node_id}.log"
-                with open(log, "ab") as out:
-                    proc = subprocess.Popen(
-                        [*jvm_common, f"-Dkafka.node.id={node_id}", "kafka.Kafka",
-                         str(rdir / f"server-{node_id}.properties")],
-                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                        start_new_session=True, close_fds=True, cwd=rdir)
+                proc = _start_node(jvm_common, rdir, node_id)
                 node_state.append({"node_id": node_id, "pid": proc.pid, "port": port + i,
-                                   "controller_port": controller_ports[i], "log": str(log)})
+                                   "controller_port": controller_ports[i],
+                                   "log": str(rdir / f"broker-{node_id}.log")})
                 save_state()
             pids = [n["pid"] for n in node_state]
             settings = "".join(f", {k}={v}" for k, v in extra.items())
@@ -534,6 +545,37 @@ def start_broker(port: int | None = None, nodes: int = 1,
         _log(f"Kafka ready on {bootstrap} after {time.monotonic() - t0:.1f}s "
              f"(logs in {rdir})")
         return bootstrap
+
+
+def node_pid(port: int, node_id: int) -> int | None:
+    """The pid of node ``node_id`` (1-based) of what start_broker started on ``port``, None
+    when its process is not running: for tests and benchmarks that kill or pause one node."""
+    for n in (_read_state(port) or {}).get("nodes", []):
+        if n.get("node_id") == node_id and n.get("pid") and _pid_alive(n["pid"]):
+            return int(n["pid"])
+    return None
+
+
+def restart_node(port: int, node_id: int) -> int:
+    """Starts node ``node_id`` of the cluster on ``port`` again, on its data and settings,
+    after its process was killed or stopped (start_broker starts and stops only the whole
+    cluster); records its new pid, so that stop_broker stops it too. Returns the pid; does not
+    wait for the node to serve."""
+    rdir = run_dir(port)
+    with _file_lock(CACHE / "locks" / f"run-{port}.lock"):
+        state = _read_state(port)
+        nodes = {n["node_id"]: n for n in (state or {}).get("nodes", [])}
+        if node_id not in nodes:
+            raise KafkaLocalError(f"no node {node_id} of a kafka_local run on port {port}")
+        if _pid_alive(nodes[node_id]["pid"]):
+            raise KafkaLocalError(f"node {node_id} on port {port} is still running "
+                                  f"(pid {nodes[node_id]['pid']})")
+        proc = _start_node(_jvm_command(_java(), rdir), rdir, node_id)
+        nodes[node_id]["pid"] = proc.pid
+        (rdir / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        (rdir / "kafka.pid").write_text("".join(f"{n['pid']}\n" for n in state["nodes"]))
+        _log(f"restarted node {node_id} on port {port} (pid {proc.pid})")
+        return proc.pid
 
 
 def stop_broker(port: int | None = None, timeout: float = STOP_TIMEOUT) -> bool:
