@@ -23,7 +23,6 @@ with status 1 when a check fails.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -35,7 +34,8 @@ from typing import Any
 
 from bench.chaos.checker import check_output
 from bench.chaos.harness import (
-    KEYS, Brokers, Members, MemorySampler, Output, Producer, create_topic, partition_network,
+    Brokers, KEYS, Members, MemorySampler, Output, Producer, create_topic, finish,
+    partition_network
 )
 from bench.chaos.nemesis import Nemesis
 
@@ -247,13 +247,7 @@ def print_report(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv or [])
-    report = run(args)
-    print_report(report)
-    if args.report is not None:
-        args.report.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"   report written to {args.report}")
-    if not report["passed"]:
-        raise SystemExit(1)
+    finish(run(args), args.report, print_report)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos.harness import (
-    Brokers, Members, MemorySampler, Output, Producer, create_topic, slope_per_hour,
+    Brokers, Members, MemorySampler, Output, Producer, create_topic, finish, slope_per_hour
 )
 
 RUN_BY_DEFAULT = False
@@ -198,13 +198,7 @@ def print_report(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv or [])
-    report = run(args)
-    print_report(report)
-    if args.report is not None:
-        args.report.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"   report written to {args.report}")
-    if not report["passed"]:
-        raise SystemExit(1)
+    finish(run(args), args.report, print_report)
 
 
 if __name__ == "__main__":

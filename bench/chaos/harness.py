@@ -470,3 +470,14 @@ def partition_network(members: int) -> tuple[Any, str | None]:
         return None, str(e)
     except Exception as e:  # noqa: BLE001 - no `ip`, no privileges, ...
         return None, f"{type(e).__name__}: {e}"
+
+
+def finish(report: dict, report_path: Path | None, print_report: Any) -> None:
+    """The end of a chaos or soak run: prints the report, writes it as JSON when asked, and
+    exits 1 when its checks failed (so that `make chaos` and CI see it)."""
+    print_report(report)
+    if report_path is not None:
+        report_path.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"   report written to {report_path}")
+    if not report["passed"]:
+        raise SystemExit(1)
