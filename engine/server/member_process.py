@@ -118,7 +118,10 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
                                            internal_topic_replication=internal_topic_replication,
                                            fast_failover=fast_failover))
     except (OSError, ValueError, JetwakeError) as e:
-        log.error("cannot start the member: %s", e)
+        if str(e):
+            log.error("cannot start the member: %s", e)
+        else:  # a bare TimeoutError says nothing by itself: where it came from does
+            log.exception("cannot start the member: %s", type(e).__name__)
         return 1
     except Exception as e:  # noqa: BLE001 - e.g. an unreadable job record in the data dir
         log.exception("cannot start the member: %s", e)
