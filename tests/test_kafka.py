@@ -299,16 +299,9 @@ def _restart_broker(kl, port: int, down_seconds: float) -> None:
 def test_broker_restart_while_a_job_runs(tmp_path):
     """A private broker is stopped and started again under a running exactly-once job: the
     source and the sink retry, and the output is still exactly once."""
-    from support.kafka_broker import _kafka_local
-    from confluent_kafka.admin import NewTopic
+    from support.kafka_broker import private_broker
 
-    kl = _kafka_local()
-    port = kl.free_port()
-    bootstrap = kl.start_broker(port)
-    try:
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        for f in admin.create_topics([NewTopic("in", 2, 1), NewTopic("out", 2, 1)]).values():
-            f.result(30)
+    with private_broker() as (kl, port, bootstrap):
         total = 6_000
         produce(bootstrap, "in", 0, total // 2)
         data = str(tmp_path / "member")
@@ -330,8 +323,6 @@ def test_broker_restart_while_a_job_runs(tmp_path):
             reader.close()
         print("\n".join(x for x in proc.stderr_tail.splitlines() if "rdkafka" not in x))
         check_exactly_once(reader.records, total)
-    finally:
-        kl.stop_broker(port)
 
 
 def test_native_timestamps_follow_per_partition_watermarks(kafka_bootstrap, kafka_topic):

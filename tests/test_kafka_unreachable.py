@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from jetwake import JobConfig, JobStatus, Member, Pipeline, Sinks, Sources
-from support.kafka_broker import _kafka_local
+from support.kafka_broker import private_broker
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -21,13 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 def test_a_job_whose_brokers_are_gone_for_good_fails_naming_them_and_how_long(
         tmp_path: Path) -> None:
-    kl = _kafka_local()
-    port = kl.free_port()
-    bootstrap = kl.start_broker(port)
-    try:
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        for f in admin.create_topics([NewTopic("in", 2, 1), NewTopic("out", 2, 1)]).values():
-            f.result(30)
+    with private_broker() as (kl, port, bootstrap):
         producer = Producer({"bootstrap.servers": bootstrap})
         for i in range(50):
             producer.produce("in", key=f"k{i % 5}", value=json.dumps(i))
@@ -52,8 +45,6 @@ def test_a_job_whose_brokers_are_gone_for_good_fails_naming_them_and_how_long(
                                     f"{job.failure})", timeout=90, interval=0.2)
             failed_after = time.monotonic() - gone
             failure = job.failure or ""
-    finally:
-        kl.stop_broker(port)
     assert failed_after >= 3.0
     assert "KafkaUnreachableError" in failure or "have not answered" in failure
     assert f"the Kafka brokers at {bootstrap} have not answered for" in failure

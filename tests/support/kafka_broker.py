@@ -26,6 +26,7 @@ Loaded from tests/conftest.py (``pytest_plugins = ["support.kafka_broker"]``). F
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import uuid
@@ -235,3 +236,22 @@ def kafka_three_brokers():
         # its data is deleted anyway: the brokers get 2 s to stop before SIGKILL instead of
         # waiting (about 6 s) for the last one's controlled shutdown without a quorum
         kl.stop_broker(port, timeout=2.0)
+
+
+@contextlib.contextmanager
+def private_broker(topics: tuple[str, ...] = ("in", "out"), partitions: int = 2):
+    """A broker of the test's own (one node, started by kafka_local on a free port), for a
+    test that stops or restarts it, with ``topics`` created: yields ``(kafka_local, port,
+    bootstrap)`` and stops the broker at the end, whatever the test did to it."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    kl = _kafka_local()
+    port = kl.free_port()
+    bootstrap = kl.start_broker(port)
+    try:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for f in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
+            f.result(30)
+        yield kl, port, bootstrap
+    finally:
+        kl.stop_broker(port)
