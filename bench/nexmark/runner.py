@@ -39,23 +39,13 @@ from typing import Any
 
 from jetwake import JobConfig, Pipeline, Sinks
 
+from bench.bench_cluster import process_cpu
 from bench.nexmark.kafka_input import KafkaInput, RateWriter
 from bench.nexmark.queries import NexmarkInputs, Query, check_output
 
 GUARANTEES = ("exactly_once", "at_least_once")
 SNAPSHOT_INTERVAL_MS = 1000
 EXTRA_WAIT_S = 1.0  # reading on after the expected count arrived
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu(pid: int) -> float | None:
-    """utime + stime of every thread of ``pid`` in seconds (from /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def cpu_of(pids: Sequence[int]) -> float:
