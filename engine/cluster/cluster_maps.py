@@ -89,6 +89,10 @@ MIN_COMPACTION_LAG_MS = 24 * 3600 * 1000
 # how long a read waits for the view to catch up, and a write for Kafka's acknowledgement
 READ_TIMEOUT_S = 30.0
 WRITE_TIMEOUT_S = 60.0
+# answers about a partition that mean "not yet" while a topic is new or its leader moves
+_NOT_YET_KNOWN = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART,
+                            KafkaError.NOT_LEADER_FOR_PARTITION,
+                            KafkaError.LEADER_NOT_AVAILABLE})
 # how long journal_read waits for events it knows exist to arrive (after a seek)
 _JOURNAL_FETCH_WAIT_S = 10.0
 
@@ -617,10 +621,10 @@ class ClusterMaps:
                     TopicPartition(topic, 0), timeout=max(0.1, deadline - time.monotonic()),
                     cached=False)
             except KafkaException as e:
-                # a topic just created on several brokers: the broker this consumer asked
-                # may not know it for a moment
-                if (e.args[0].code() in (KafkaError._UNKNOWN_PARTITION,
-                                         KafkaError.UNKNOWN_TOPIC_OR_PART)
+                # a topic just created on several brokers (or a leader that just moved):
+                # the broker this consumer asked may not know it, or not lead it, for a
+                # moment; librdkafka refreshes its metadata on these answers
+                if (e.args[0].code() in _NOT_YET_KNOWN
                         and time.monotonic() < deadline):
                     time.sleep(0.05)
                     continue

@@ -124,7 +124,12 @@ class CoordinatorRole:
                     place.records.open_writer()
                     break
                 except Exception as e:  # noqa: BLE001 - tried again while the role is ours
-                    if place.detector.stopped or not self.is_coordinator:
+                    if place.detector.stopped:
+                        # the member is leaving: its records were closed under the take-over
+                        log.info("member %s leaves the cluster: take-over abandoned (%r)",
+                                 place.member_id, e)
+                        return
+                    if not self.is_coordinator:
                         log.error("member %s could not take over as coordinator: %r",
                                   place.member_id, e)
                         return
