@@ -1,10 +1,17 @@
-"""Brute-force references for the window tests: every window computed from the raw events."""
+"""Inputs and checks for the window tests. The windows computed from the raw events are
+``jetwake.engine.verification.window_reference`` (the NEXMark benchmark compares with them
+too); they are re-exported here for the tests."""
 
 from __future__ import annotations
 
 import random
 from collections import defaultdict
 from math import gcd
+
+from jetwake.engine.verification.window_reference import session_reference, sliding_reference
+
+__all__ = ["NO_WM", "make_events", "watermarks_before", "sliding_reference", "session_reference",
+           "check_late", "step_of", "multiset_minus"]
 
 NO_WM = -(2**63)
 
@@ -30,43 +37,6 @@ def watermarks_before(tss: list[int], lag: int, step: int) -> list[int]:
             out.append(wm - wm % step if step > 1 else wm)
         top = max(top, t)
     return out
-
-
-def sliding_reference(events, size: int, slide: int, keyed: bool = True,
-                      value=lambda e: 1, combine=lambda a, b: a + b) -> list[tuple]:
-    acc: dict = {}
-    for e in events:
-        ts = e[0]
-        f = ts - ts % slide
-        for end in range(f + slide, f + size + 1, slide):
-            k = (end - size, end, e[1]) if keyed else (end - size, end)
-            v = value(e)
-            acc[k] = v if k not in acc else combine(acc[k], v)
-    return sorted(k + (v,) for k, v in acc.items())
-
-
-def session_reference(events, gap: int, keyed: bool = True, value=lambda e: 1,
-                      combine=lambda a, b: a + b) -> list[tuple]:
-    by_key = defaultdict(list)
-    for e in events:
-        by_key[e[1] if keyed else None].append(e)
-    out = []
-    for k, evs in by_key.items():
-        evs.sort(key=lambda e: e[0])
-        cur = None
-        for e in evs:
-            if cur is not None and e[0] < cur[1]:
-                cur[1] = max(cur[1], e[0] + gap)
-                cur[2] = combine(cur[2], value(e))
-            else:
-                if cur is not None:
-                    out.append(cur)
-                cur = [e[0], e[0] + gap, value(e)]
-        out.append(cur)
-        for s in out:
-            if len(s) == 3:
-                s.append(k)
-    return sorted(((s[0], s[1], s[3], s[2]) if keyed else (s[0], s[1], s[2])) for s in out)
 
 
 def check_late(events, late, lag: int, step: int) -> None:

@@ -4,7 +4,7 @@ the session's start and end.
 jetwake counts bids per bidder in session windows of a 10 s gap. A session starts at its first
 bid and ends at its last bid plus the gap; two bids exactly 10 s apart are in different
 sessions (docs/windowing.md). The reference builds the sessions from the raw bids with the
-window tests' brute-force sessions (``tests/support/window_reference.py``), which follow the
+window tests' brute-force sessions (``jetwake.engine.verification.window_reference``), which follow the
 same rule.
 """
 
@@ -48,7 +48,7 @@ def comparable(record: Any) -> Hashable:
 
 def reference(events: Sequence[tuple[str, Event]]) -> Counter:
     # imported here: the processes that run the query (cluster members) never need it
-    from tests.support.window_reference import session_reference
+    from jetwake.engine.verification.window_reference import session_reference
 
     sessions = session_reference([(e["date_time"], e["bidder"]) for k, e in events if k == "bid"],
                                  GAP_MS)

@@ -6,7 +6,7 @@ jetwake counts bids per auction in a keyless sliding window whose accumulator is
 counted where the bids are read, the windows are built from their frames by adding the frame
 that entered and deducting the one that left, and each window's result is its auctions with
 the highest count. The reference counts every window from the raw bids with the window tests'
-brute-force sliding windows (``tests/support/window_reference.py``), so the rule of which
+brute-force sliding windows (``jetwake.engine.verification.window_reference``), so the rule of which
 windows hold a bid is written once for the tests and the benchmark.
 """
 
@@ -116,7 +116,7 @@ def comparable(record: Any) -> Hashable:
 
 def reference(events: Sequence[tuple[str, Event]]) -> Counter:
     # imported here: the processes that run the query (cluster members) never need it
-    from tests.support.window_reference import sliding_reference
+    from jetwake.engine.verification.window_reference import sliding_reference
 
     counts = sliding_reference([(e["date_time"], e["auction"]) for k, e in events if k == "bid"],
                                SIZE_MS, SLIDE_MS)

@@ -7,7 +7,7 @@ prices), the frames of a window are combined where the window is built, and the 
 its highest bids. The standard (Flink SQL) version joins the bids with each window's maximum,
 which reads every bid twice; keeping the tied bids in the accumulator gives the same rows
 from one pass. The reference reduces every window from the raw bids with the window tests'
-brute-force windows (``tests/support/window_reference.py``).
+brute-force windows (``jetwake.engine.verification.window_reference``).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def comparable(record: Any) -> Hashable:
 
 def reference(events: Sequence[tuple[str, Event]]) -> Counter:
     # imported here: the processes that run the query (cluster members) never need it
-    from tests.support.window_reference import sliding_reference
+    from jetwake.engine.verification.window_reference import sliding_reference
 
     def higher(a: tuple, b: tuple) -> tuple:
         if a[0] != b[0]:
