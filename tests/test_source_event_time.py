@@ -20,9 +20,9 @@ from jetwake.engine.processors.timestamps import TimestampError
 
 
 def event_time(lag: int = 10, step: int = 1, idle: int = 0, fn=lambda x: x,
-               side: bool = False) -> SourceEventTime:
+               side: bool = False, reports_end: bool = False) -> SourceEventTime:
     spec = EventTimeSpec("timestamps", fn, WatermarkPolicy.limiting_lag(lag), step, idle, side)
-    return SourceEventTime(spec, {})
+    return SourceEventTime(spec, {}, reports_end)
 
 
 def out(et: SourceEventTime, ordinals: int = 1) -> list:
@@ -113,6 +113,41 @@ def test_a_slow_first_fetch_does_not_make_the_partitions_not_read_yet_idle():
         else:
             assert wm is None or e[0] >= wm, f"{e} behind watermark {wm}"
     assert wm == 9_990 - 100  # partition 1, the lower of the two, decides
+
+
+def test_a_partition_not_read_to_its_end_is_never_idle_however_slow_its_fetch():
+    # a source that reports partition ends (Kafka): partition 1's first records come a whole
+    # second after partition 0's (its fetch was sent later), twice the idle timeout; it has
+    # not been read to its end, so it holds the watermark back and none of its records is late
+    et = event_time(lag=0, idle=500, reports_end=True)
+    et.add_partition(0)
+    et.add_partition(1)
+    et.add_items(0, [1_000, 2_000], now=10.0)
+    et.reached_end(0)
+    et.poll(now=11.0)
+    assert [e for e in out(et) if isinstance(e, Watermark)] == []
+    et.add_items(1, [1_500], now=11.0)
+    assert out(et) == [(1_500, 1_500), Watermark(1_500)]
+
+
+def test_a_partition_read_to_its_end_falls_idle_after_the_timeout_and_not_before():
+    et = event_time(lag=0, idle=500, reports_end=True)
+    et.add_partition(0)
+    et.add_partition(1)
+    et.add_items(0, [100], now=10.0)
+    et.add_items(1, [50], now=10.0)
+    out(et)
+    et.reached_end(1)
+    et.add_items(0, [900], now=10.4)
+    et.poll(now=10.45)  # partition 1 at its end, but not for 500 ms yet
+    assert out(et) == [(900, 900)]
+    et.poll(now=10.6)
+    assert out(et) == [Watermark(900)]
+    # it delivers again: no longer at its end, so no timeout makes it idle until it is
+    et.add_items(1, [950], now=10.7)
+    et.add_items(0, [2_000], now=10.7)
+    et.poll(now=20.0)
+    assert out(et) == [(950, 950), (2_000, 2_000), Watermark(950)]
 
 
 def test_every_partition_of_one_fetch_is_active_before_the_fetch_moves_the_watermark():

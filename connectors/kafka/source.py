@@ -181,12 +181,16 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
         props = dict(self.properties)
         self.commit_group = "group.id" in props
         props.setdefault("group.id", f"jetwake-{context.job_id}-{context.vertex_name}")
+        # event time per partition: a partition may fall idle only once read to its end, which
+        # librdkafka tells with an end-of-partition event
+        self.et = self.make_event_time(context.metrics, reports_end=True)
+        if self.et is not None:
+            props["enable.partition.eof"] = True
         self.consumer = Consumer(with_client_log(props))
         self.servers = str(self.properties.get("bootstrap.servers"))
         self.unreachable_ms = self.options[reachability.UNREACHABLE_OPTION]
         self.batch = self.options["jetwake.poll.batch"]
         self.discovery = self.options["jetwake.partition.discovery.ms"] / 1000
-        self.et = self.make_event_time(context.metrics)
         context.metrics.setdefault("dead_letters", 0)
         context.metrics.setdefault("records_in", 0)
         md = self._metadata_with_retry()
@@ -369,9 +373,13 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
     def _emit(self, msgs: list) -> None:
         from confluent_kafka import Message
 
+        ends: list = []
         if any(map(Message.error, msgs)):
+            if self.et is not None:
+                ends = _ends_after_records(msgs)
             msgs = self._handle_errors(msgs)
             if not msgs:
+                self._reached_ends(ends)
                 return
         reachability.answered(self.servers)
         tss = list(map(_ts, map(Message.timestamp, msgs)))
@@ -386,6 +394,7 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
             items, tss, msgs = self._convert_one_by_one(msgs)
         self.context.metrics["records_in"] += len(items)
         if not items:
+            self._reached_ends(ends)
             return
         et = self.et
         if et is None:
@@ -407,6 +416,12 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
                          else items[start:end]))
             start = end
         et.add_batch(runs, time.monotonic())
+        self._reached_ends(ends)
+
+    def _reached_ends(self, ends: list) -> None:
+        if self.et is not None:
+            for tp in ends:
+                self.et.reached_end(tp)
 
     def _project_all(self, msgs: list, tss: list) -> list:
         """``projection(record)`` of each message: the columns are read and deserialized one
@@ -620,6 +635,24 @@ class _Missing(Exception):
     def __init__(self, topics: list) -> None:
         super().__init__(f"missing topics {topics}")
         self.topics = topics
+
+
+def _ends_after_records(msgs: list) -> list[tuple[str, int]]:
+    """The partitions whose end-of-partition event in ``msgs`` comes after every record of
+    theirs in it: read to their end once these records are taken."""
+    from confluent_kafka import KafkaError
+
+    ends = []
+    delivered = set()
+    for m in reversed(msgs):
+        tp = (m.topic(), m.partition())
+        err = m.error()
+        if err is None:
+            delivered.add(tp)
+        elif err.code() == KafkaError._PARTITION_EOF and tp not in delivered:
+            ends.append(tp)
+            delivered.add(tp)  # an earlier end of the same partition says nothing more
+    return ends
 
 
 def _short(b: Any, n: int = 60) -> str:

@@ -15,7 +15,9 @@ source), the planner gives the source's processors an :class:`EventTimeSpec` and
   of the partition, and every partition of one fetch counts as active before the fetch moves
   the watermark;
 - a partition without records for ``idle_timeout`` stops holding it back and holds it again
-  when it delivers; when every partition is idle the watermark first advances to the highest
+  when it delivers; a source that knows where a partition ends (Kafka's end-of-partition
+  event) makes it idle only once read to its end, so a partition whose records are merely
+  slow to be fetched is never idle; when every partition is idle the watermark first advances to the highest
   any partition reached, then the processor says so (the IDLE message) so that stages
   downstream stop waiting for it (the rule of a stage whose inputs all fall idle);
 - each partition's ``top`` is part of the source's snapshot state and moves with the partition
@@ -56,20 +58,26 @@ class EventTimeSpec:
 
 
 class _Partition:
-    __slots__ = ("top", "seen")
+    __slots__ = ("top", "seen", "at_end")
 
-    def __init__(self, top: int, seen: float) -> None:
+    def __init__(self, top: int, seen: float, at_end: bool) -> None:
         self.top = top    # highest timestamp read (NO_WATERMARK: none yet)
         self.seen = seen  # monotonic time of its last record (or of its assignment)
+        # read to its end since its last record (always True when the source cannot tell):
+        # only then may the idle timeout make it idle
+        self.at_end = at_end
 
 
 class SourceEventTime:
     """One source processor's event time over the partitions it reads (see the module
     docstring). The source hands it each partition's items in offset order
     (:meth:`add_items`), asks it for the watermark when it has nothing to read
-    (:meth:`poll`) and moves the pending output to its outbox (:meth:`flush`)."""
+    (:meth:`poll`) and moves the pending output to its outbox (:meth:`flush`).
 
-    def __init__(self, spec: EventTimeSpec, metrics: dict) -> None:
+    ``reports_end``: the source tells when it has read a partition to its end
+    (:meth:`reached_end`); a partition is then idle only at its end."""
+
+    def __init__(self, spec: EventTimeSpec, metrics: dict, reports_end: bool = False) -> None:
         policy = spec.policy_factory()
         if policy.is_real_time:
             raise ValueError("a wall-clock watermark policy is not run per partition")
@@ -84,6 +92,7 @@ class SourceEventTime:
         self.last = NO_WATERMARK   # the watermark emitted last
         self.idle = False          # the IDLE message was the last thing said
         self.delivered = False     # whether any partition has delivered a record yet
+        self.reports_end = reports_end
         self.pending: deque = deque()
 
     # --- partitions --------------------------------------------------------------------------
@@ -96,12 +105,19 @@ class SourceEventTime:
         p = self.partitions.get(partition)
         top = NO_WATERMARK if top is None else top
         if p is None:
-            self.partitions[partition] = _Partition(top, now)
+            self.partitions[partition] = _Partition(top, now, not self.reports_end)
         elif top > p.top:
             p.top = top
 
     def remove_partition(self, partition: Hashable) -> None:
         self.partitions.pop(partition, None)
+
+    def reached_end(self, partition: Hashable) -> None:
+        """The source read ``partition`` to its end (after its items handed in so far): from
+        now the idle timeout may make it idle, until it delivers again."""
+        p = self.partitions.get(partition)
+        if p is not None:
+            p.at_end = True
 
     def tops(self) -> dict[Hashable, int | None]:
         """Each partition's highest timestamp (None: no record yet), for the snapshot."""
@@ -150,6 +166,8 @@ class SourceEventTime:
             self.add_partition(partition)
             p = self.partitions[partition]
         p.seen = now
+        if self.reports_end:
+            p.at_end = False
         if not stamped:
             return
         cap = self._others_low(partition, p.seen)
@@ -175,7 +193,7 @@ class SourceEventTime:
         low = NO_CAP
         lag = self.lag
         for k, p in self.partitions.items():
-            if k == partition or (limit is not None and p.seen < limit):
+            if k == partition or (limit is not None and p.seen < limit and p.at_end):
                 continue
             if p.top == NO_WATERMARK:
                 return None
@@ -193,7 +211,7 @@ class SourceEventTime:
         low = NO_CAP
         any_active = False
         for p in self.partitions.values():
-            if limit is not None and p.seen < limit:
+            if limit is not None and p.seen < limit and p.at_end:
                 continue
             any_active = True
             if p.top == NO_WATERMARK:
@@ -239,13 +257,14 @@ class PartitionedSource:
     event_time_spec: EventTimeSpec | None = None
 
     def make_event_time(self, metrics: dict,
-                        partitions: Iterable[tuple[Hashable, int | None]] = ()
-                        ) -> SourceEventTime | None:
+                        partitions: Iterable[tuple[Hashable, int | None]] = (),
+                        reports_end: bool = False) -> SourceEventTime | None:
         """The processor's event time per partition (None when the planner gave it none),
-        tracking ``partitions`` (``(partition, restored top)`` pairs)."""
+        tracking ``partitions`` (``(partition, restored top)`` pairs); ``reports_end``: the
+        processor calls :meth:`SourceEventTime.reached_end` (see there)."""
         if self.event_time_spec is None:
             return None
-        et = SourceEventTime(self.event_time_spec, metrics)
+        et = SourceEventTime(self.event_time_spec, metrics, reports_end)
         for partition, top in partitions:
             et.add_partition(partition, top)
         return et
