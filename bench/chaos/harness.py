@@ -54,7 +54,7 @@ def _free_port() -> int:
 
 class Brokers:
     """``nodes`` KRaft brokers of kafka_local on ``host``; one can be SIGKILLed and started
-    again on its data (kafka_local starts and stops the whole cluster only)."""
+    again on its data (kafka_local's ``restart_node``)."""
 
     def __init__(self, nodes: int, host: str = "127.0.0.1") -> None:
         self.kl = kafka_local()
@@ -63,16 +63,12 @@ class Brokers:
         self.bootstrap = self.kl.start_broker(self.port, nodes=nodes, host=host)
         self.rdir = self.kl.run_dir(self.port)
         self.down: set[int] = set()
-        self._restarted: list[subprocess.Popen] = []
-
-    def _state(self) -> dict:
-        return json.loads((self.rdir / "state.json").read_text())
 
     def pid(self, node: int) -> int:
-        return int(next(n["pid"] for n in self._state()["nodes"] if n["node_id"] == node))
-
-    def pids(self) -> list[int]:
-        return [int(n["pid"]) for n in self._state()["nodes"]]
+        pid = self.kl.node_pid(self.port, node)
+        if pid is None:
+            raise RuntimeError(f"broker node {node} is not running")
+        return int(pid)
 
     def kill(self, node: int) -> None:
         os.kill(self.pid(node), signal.SIGKILL)
@@ -80,23 +76,7 @@ class Brokers:
 
     def restart(self, node: int) -> None:
         """Starts node ``node`` again on its data directory, as kafka_local started it."""
-        kl = self.kl
-        log4j = self.rdir / "log4j.properties"
-        cmd = [kl._java(), *kl.HEAP.split(), *kl.JVM_OPTS.split(), "-Djava.awt.headless=true",
-               f"-Dlog4j.configuration=file:{log4j}", f"-Dkafka.logs.dir={self.rdir}",
-               "-cp", kl._classpath(), f"-Dkafka.node.id={node}", "kafka.Kafka",
-               str(self.rdir / f"server-{node}.properties")]
-        with open(self.rdir / f"broker-{node}.log", "ab") as out:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    close_fds=True, cwd=self.rdir)
-        self._restarted.append(proc)
-        state = self._state()
-        for n in state["nodes"]:
-            if n["node_id"] == node:
-                n["pid"] = proc.pid
-        (self.rdir / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-        (self.rdir / "kafka.pid").write_text("".join(f"{n['pid']}\n" for n in state["nodes"]))
+        self.kl.restart_node(self.port, node)
         self.down.discard(node)
 
     def topic_bytes(self, topic: str) -> int:
@@ -117,11 +97,6 @@ class Brokers:
 
     def stop(self) -> None:
         self.kl.stop_broker(self.port, timeout=5.0)
-        for p in self._restarted:
-            try:
-                p.wait(1)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 # --------------------------------------------------------------------------------------------
