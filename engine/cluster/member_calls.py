@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from jetwake.engine.cluster.membership import MemberInfo
-from jetwake.engine.cluster.peer_network import PeerUnreachableError
+from jetwake.engine.cluster.peer_network import PeerNotReachedError, PeerUnreachableError
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.jobs.execution_messages import (
     REQUESTS, ExecutionEnded, ExecutionMessage, ForgetJob, InitExecution, decode,
@@ -161,14 +161,21 @@ class MemberCalls:
         its encoded reply."""
         if target is not None:
             return self.call_member(target, "cluster.request", [frame, client], timeout)
-        # the coordinator may be changing (a member left): ask again until one answers
+        # the coordinator may be changing (a member left, or died and Kafka still names it):
+        # ask again until one answers; a call that never reached it is safe to ask again
         deadline = time.monotonic() + COORDINATOR_WAIT_S
         while True:
             target = self.place.role.coordinator_id(refresh=True)
             if target is not None:
-                reply = self.call_member(target, "cluster.request", [frame, client], timeout)
-                if not _refused_as_not_coordinator(reply):
-                    return reply
+                try:
+                    reply = self.call_member(target, "cluster.request", [frame, client],
+                                             timeout)
+                except PeerNotReachedError:
+                    if time.monotonic() >= deadline:
+                        raise
+                else:
+                    if not _refused_as_not_coordinator(reply):
+                        return reply
             if time.monotonic() >= deadline:
                 raise NotCoordinatorError(
                     f"cluster '{self.place.cluster_name}' has no coordinator at the moment "

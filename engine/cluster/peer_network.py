@@ -46,7 +46,8 @@ from jetwake.engine.core.errors import JetwakeError, RemoteCallError, is_restart
 from jetwake.engine.core.serialization import dumps, loads
 from jetwake.engine.net.framing import FRAME_MAX_BYTES
 
-__all__ = ["PeerNetwork", "PeerCallError", "PeerUnreachableError", "CONNECT_TIMEOUT"]
+__all__ = ["PeerNetwork", "PeerCallError", "PeerUnreachableError", "PeerNotReachedError",
+           "CONNECT_TIMEOUT"]
 
 log = logging.getLogger("jetwake.cluster")
 
@@ -75,6 +76,12 @@ class PeerUnreachableError(JetwakeError):
     answered. Restartable: a job that failed with it may run again once the cluster settles."""
 
     restartable = True
+
+
+class PeerNotReachedError(PeerUnreachableError):
+    """A call that never left this member: no connection to the peer could be made (refused,
+    no route). The peer cannot have acted on it, so asking again, or asking another member,
+    is safe whatever the call does."""
 
 
 class _PendingCall:
@@ -175,10 +182,11 @@ class _Connection:
                 pass
             self.link.close()
         self._wake.set()
+        # before the handshake nothing queued has left this member: the peer never saw it
+        error = PeerUnreachableError if self.connected else PeerNotReachedError
         for call in pending.values():
-            call.error = PeerUnreachableError(
-                f"member {self.peer_id} at {self.address} could not answer call "
-                f"'{call.method}': {reason}")
+            call.error = error(f"member {self.peer_id} at {self.address} could not answer call "
+                               f"'{call.method}': {reason}")
             call.done.set()
         self.net._forget_connection(self)
         self.net._connection_lost(self.peer_id)
@@ -539,8 +547,8 @@ class PeerNetwork:
             conn.enqueue_frame(body)
             break
         if pending is None:
-            raise PeerUnreachableError(f"member {peer_id} at {address} could not answer call "
-                                       f"'{method}': {conn.reason}")
+            raise PeerNotReachedError(f"member {peer_id} at {address} could not answer call "
+                                      f"'{method}': {conn.reason}")
         if not pending.done.wait(timeout):
             conn.forget_call(call_id)
             raise PeerUnreachableError(f"member {peer_id} at {address} did not answer call "
