@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -21,6 +20,7 @@ import pytest
 from jetwake import Client
 from jetwake.engine.server.cli.output import job_json
 from support.ports import free_port
+from support.process_stop import stop_gracefully
 from support.waiting import wait_until
 
 TOKEN = "cluster-test-token"
@@ -66,15 +66,11 @@ class ClusterMemberProcess:
         return Client(self.address, token=self.token)
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait(10)
+        """A graceful stop (SIGTERM; SIGKILL after ``timeout`` s); returns the exit code."""
+        return stop_gracefully(self.proc, timeout)
 
     def kill(self) -> None:
+        """SIGKILL (if it still runs), and waits until the process is gone."""
         if self.alive():
             self.proc.kill()
             self.proc.wait(10)
