@@ -164,10 +164,14 @@ class ClusterProcesses:
             m.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def three(tmp_path_factory, kafka_bootstrap: str):
-    """One three-member cluster shared by a test module whose tests only submit jobs to it
-    (import it into the module: ``from support.cluster_processes import three``)."""
+    """One three-member cluster shared by every test that only submits jobs to it (never
+    kills, stops or adds a member), started by the first that asks for it and stopped at the
+    end of the session: a start costs about 5 s, an idle member a fraction of a percent of a
+    core. Its tests give their jobs, maps and lists names of their own and cancel what they
+    leave running. tests/conftest.py loads this module as a plugin, so every module shares
+    the one instance (a module that imported the fixture would get a cluster of its own)."""
     c = ClusterProcesses(tmp_path_factory.mktemp("three"), kafka_bootstrap)
     try:
         c.start(3)
