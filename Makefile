@@ -89,8 +89,10 @@ demo-backfill: $(BASE_STAMP)
 	$(PIP_INSTALL) -e '.[spark]'
 	$(PY) examples/backfill_word_count.py
 
+# --durations=30: every run's log ends with its 30 slowest tests (and fixtures' set-ups), so
+# that what takes the suite's time is seen where it grows
 test: $(TEST_STAMP) browser postgres
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=30
 
 test-unit: $(TEST_STAMP)
 	$(PY) -m pytest tests -m "not integration"

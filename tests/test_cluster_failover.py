@@ -13,8 +13,7 @@ import pytest
 from support.cluster_processes import ClusterProcesses
 from support.kafka_broker import session_timeout_ms
 from support.cluster_sums import (
-    Output, by_key, job_status, new_topic, produce_events, running_sums, submit_sums,
-    sums_job_file,
+    Output, SumsRun, by_key, job_status, new_topic, produce_events, running_sums, submit_sums,
 )
 from support.waiting import wait_until
 
@@ -33,86 +32,31 @@ def test_a_killed_member_s_job_goes_on_from_the_last_snapshot_on_the_survivors_e
         cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str, victim: str) -> None:
     # Kafka drops a killed member (not the coordinator) after its session timeout
     members = cluster.start(3, "--session-timeout", str(session_timeout_ms(kafka_bootstrap)))
-    source, sink = new_topic(kafka_bootstrap), new_topic(kafka_bootstrap)
-    first = [(f"k{i % 19}", i) for i in range(2000)]
-    second = [(f"k{i % 19}", i) for i in range(2000, 4000)]
-    produce_events(kafka_bootstrap, source, first)
     coordinator = cluster.coordinator()
     submit_to = next(m for m in members if m is not coordinator)
-    job = cluster.cli_json(submit_to, "submit",
-                           str(sums_job_file(tmp_path, kafka_bootstrap, source, sink)),
-                           "--name", "sums", "--guarantee", "exactly_once",
-                           "--snapshot-interval", "200")
-    out = Output(kafka_bootstrap, sink)
-    wait_until(lambda: out.has(len(first)), what="the first sums", timeout=60, interval=0)
-    wait_until(lambda: (cluster.status(submit_to, job["id"])
-                        .get("snapshot_count") or 0) >= 2,
-               what="two snapshots", timeout=30, interval=0.2)
+    run = SumsRun(cluster, submit_to, tmp_path, kafka_bootstrap, 19, count=2000, snapshots=2)
     dead = coordinator if victim == "coordinator" else \
         next(m for m in members if m is not coordinator and m is not submit_to)
-    dead.proc.send_signal(signal.SIGKILL)
-    dead.proc.wait(10)
+    dead.kill()
     survivor = next(m for m in members if m is not dead)
-    produce_events(kafka_bootstrap, source, second)
-    wait_until(lambda: out.has(len(first) + len(second)),
-               what="the sums after the member loss", timeout=120, interval=0)
-    out.drain()
-    status = cluster.status(survivor, job["id"])
-    out.close()
-    assert status["status"] == "RUNNING"
+    run.feed(2000)
+    run.wait_for_all("the sums after the member loss", 120)
+    assert run.status(survivor)["status"] == "RUNNING"
     # the job went on before Kafka dropped the dead member; the cluster shows it gone soon
     wait_until(lambda: len(cluster.cluster(survivor)["members"]) == 2,
                what="the cluster to show two members", timeout=30, interval=0.3)
-    assert len(out.records) == len(first) + len(second), "a record was written twice"
-    assert by_key(out.records) == running_sums(first + second)
-
-
-class _SumsRun:
-    """A Kafka -> rolling sum per key -> Kafka exactly-once job submitted to ``member``, fed
-    ``count`` events over ``keys`` keys, with a read_committed reader of what it wrote;
-    returns once the first sums arrived."""
-
-    def __init__(self, cluster: ClusterProcesses, member, tmp_path: Path, bootstrap: str,
-                 keys: int, *flags: str, count: int = 1000) -> None:
-        self.cluster, self.bootstrap, self.keys = cluster, bootstrap, keys
-        self.source, sink = new_topic(bootstrap), new_topic(bootstrap)
-        self.events: list[tuple[str, int]] = []
-        self.feed(count)
-        self.job = submit_sums(cluster, member, tmp_path, bootstrap, self.source, sink, *flags)
-        self.out = Output(bootstrap, sink)
-        self.wait_for_all("the first sums", 60)
-
-    def feed(self, count: int) -> None:
-        """Writes the next ``count`` events to the source topic."""
-        start = len(self.events)
-        batch = [(f"k{i % self.keys}", i) for i in range(start, start + count)]
-        produce_events(self.bootstrap, self.source, batch)
-        self.events += batch
-
-    def wait_for_all(self, what: str, timeout: float) -> None:
-        wait_until(lambda: self.out.has(len(self.events)), what=what, timeout=timeout, interval=0)
-
-    def status(self, member) -> dict:
-        return job_status(self.cluster, member, self.job["id"])
-
-    def assert_exactly_once(self) -> None:
-        """Reads what is still coming, then: every sum once, each key's sums exact."""
-        self.out.drain()
-        self.out.close()
-        assert len(self.out.records) == len(self.events), "a record was written twice"
-        assert by_key(self.out.records) == running_sums(self.events)
+    run.assert_exactly_once()
 
 
 def test_with_split_brain_protection_a_job_waits_without_a_quorum_and_resumes_when_a_member_returns(
         cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
     members = cluster.start(3)
     coordinator = cluster.coordinator()
-    run = _SumsRun(cluster, coordinator, tmp_path, kafka_bootstrap, 7,
-                   "--split-brain-protection", count=500)
+    run = SumsRun(cluster, coordinator, tmp_path, kafka_bootstrap, 7,
+                  "--split-brain-protection", count=500)
     for m in members:
         if m is not coordinator:
-            m.proc.send_signal(signal.SIGKILL)
-            m.proc.wait(10)
+            m.kill()
     wait_until(lambda: run.status(coordinator)["status"] == "NOT_RUNNING",
                what="the job to stop without a quorum", timeout=60, interval=0.3)
     assert "quorum of 2" in (run.status(coordinator)["failure"] or "")
@@ -134,8 +78,7 @@ def test_without_auto_scaling_losing_a_member_suspends_the_job(
     wait_until(lambda: out.has(1), what="the first sum", timeout=60, interval=0)
     out.close()
     other = next(m for m in members if m is not coordinator)
-    other.proc.send_signal(signal.SIGKILL)
-    other.proc.wait(10)
+    other.kill()
     wait_until(lambda: job_status(cluster, coordinator, job["id"])["status"] == "SUSPENDED",
                what="the job to be suspended", timeout=60, interval=0.3)
 
@@ -144,7 +87,7 @@ def test_a_member_that_joins_is_used_after_the_scale_up_delay(
         cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
     cluster.start(2)
     coordinator = cluster.coordinator()
-    run = _SumsRun(cluster, coordinator, tmp_path, kafka_bootstrap, 11)
+    run = SumsRun(cluster, coordinator, tmp_path, kafka_bootstrap, 11)
     (newcomer,) = cluster.start(1)
     # the coordinator's scale-up delay is 1 s in these tests (ClusterProcesses starts members
     # with --scale-up-delay 1000)
@@ -160,7 +103,7 @@ def test_a_member_stopped_gracefully_hands_its_work_over_through_a_terminal_snap
         cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
     members = cluster.start(3)
     coordinator = cluster.coordinator()
-    run = _SumsRun(cluster, coordinator, tmp_path, kafka_bootstrap, 13)
+    run = SumsRun(cluster, coordinator, tmp_path, kafka_bootstrap, 13)
     before = run.status(coordinator)["snapshot_count"]
     leaving = next(m for m in members if m is not coordinator)
     assert leaving.stop() == 0
@@ -176,11 +119,11 @@ def test_a_coordinator_paused_past_the_session_timeout_is_deposed_and_rejoins_as
     members = cluster.start(3, "--session-timeout", str(session_timeout_ms(kafka_bootstrap)))
     old = cluster.coordinator()
     other = next(m for m in members if m is not old)
-    run = _SumsRun(cluster, other, tmp_path, kafka_bootstrap, 5)
+    run = SumsRun(cluster, other, tmp_path, kafka_bootstrap, 5)
     old.proc.send_signal(signal.SIGSTOP)
     try:
         wait_until(lambda: cluster.coordinator(via=other) not in (old, None),
-                   what="another coordinator", timeout=60, interval=0.5)
+                   what="another coordinator", timeout=60, interval=0.1)
         new = cluster.coordinator(via=other)
         wait_until(lambda: run.status(new)["status"] == "RUNNING",
                    what="the job to run under the new coordinator", timeout=60, interval=0.3)
@@ -267,8 +210,7 @@ def test_map_contents_and_journal_positions_survive_a_member_loss(
     first_id = min(m["id"] for m in info["members"])
     address = next(m["address"] for m in info["members"] if m["id"] == first_id)
     victim = next(m for m in members if m.address == address)
-    victim.proc.send_signal(signal.SIGKILL)
-    victim.proc.wait(10)
+    victim.kill()
     survivor = next(m for m in members if m is not victim)
     with survivor.client() as client:
         client.get_map("in").put_all({i: i * 10 for i in range(500, 1000)})
@@ -288,35 +230,24 @@ def test_map_contents_and_journal_positions_survive_a_member_loss(
 def test_the_coordinator_then_another_member_killed_return_and_the_job_scales_back_up(
         cluster: ClusterProcesses, tmp_path: Path, kafka_bootstrap: str) -> None:
     members = cluster.start(3)
-    source, sink = new_topic(kafka_bootstrap), new_topic(kafka_bootstrap)
-    batches = [[(f"k{i % 23}", i) for i in range(n, n + 800)] for n in range(0, 3200, 800)]
-    produce_events(kafka_bootstrap, source, batches[0])
     first_coordinator = cluster.coordinator()
     last = next(m for m in members if m is not first_coordinator)
-    job = submit_sums(cluster, last, tmp_path, kafka_bootstrap, source, sink)
-    out = Output(kafka_bootstrap, sink)
-    wait_until(lambda: out.has(800), what="the first sums", timeout=60, interval=0)
-    first_coordinator.proc.send_signal(signal.SIGKILL)  # the coordinator
-    first_coordinator.proc.wait(10)
-    produce_events(kafka_bootstrap, source, batches[1])
-    wait_until(lambda: out.has(1600),
-               what="the sums after the coordinator's loss", timeout=120, interval=0)
+    run = SumsRun(cluster, last, tmp_path, kafka_bootstrap, 23, count=800)
+    first_coordinator.kill()  # the coordinator
+    run.feed(800)
+    run.wait_for_all("the sums after the coordinator's loss", 120)
     second = next(m for m in members if m is not first_coordinator and m is not last)
-    second.proc.send_signal(signal.SIGKILL)  # then another member: one is left
-    second.proc.wait(10)
-    produce_events(kafka_bootstrap, source, batches[2])
-    wait_until(lambda: out.has(2400), what="the sums on the last member", timeout=120, interval=0)
+    second.kill()  # then another member: one is left
+    run.feed(800)
+    run.wait_for_all("the sums on the last member", 120)
     back = [cluster.revive(first_coordinator), cluster.revive(second)]
     wait_until(lambda: all(m.ready() for m in back),
                what="the killed members to serve again", timeout=60)
     wait_until(lambda: len(cluster.cluster(last)["members"]) == 3
                and all((m["jobs"] or 0) >= 1 for m in cluster.cluster(last)["members"]),
-               what="the job to scale back up to three members", timeout=90, interval=0.5)
-    produce_events(kafka_bootstrap, source, batches[3])
-    wait_until(lambda: out.has(3200),
-               what="the sums on three members again", timeout=120, interval=0)
-    out.drain()
-    out.close()
-    assert job_status(cluster, last, job["id"])["status"] == "RUNNING"
-    assert len(out.records) == 3200, "a record was written twice"
-    assert by_key(out.records) == running_sums([e for b in batches for e in b])
+               what="the job to scale back up to three members", timeout=90, interval=0.1)
+    run.feed(800)
+    run.wait_for_all("the sums on three members again", 120)
+    assert run.status(last)["status"] == "RUNNING"
+    assert len(run.events) == 3200
+    run.assert_exactly_once()

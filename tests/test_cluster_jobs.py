@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
+from support.cluster_processes import ClusterProcesses
 from support.cluster_sums import (
     Output, new_topic, produce_events, running_sums, sums_job_file,
 )
@@ -108,6 +108,10 @@ def test_every_job_command_works_from_any_member_with_the_same_answers(
 def test_a_light_job_starts_on_every_member_and_is_listed_and_cancelled_from_any(
         three: ClusterProcesses, tmp_path: Path) -> None:
     a, b, c = three.members
+    # the shared cluster runs nothing else (what earlier tests cancelled has ended), so that
+    # a member running a job below runs this one
+    wait_until(lambda: all(m["jobs"] == 0 for m in three.cluster(a)["members"]),
+               what="no job running on the shared cluster", timeout=30, interval=0.05)
     src = tmp_path / "light.py"
     src.write_text(textwrap.dedent("""
         from jetwake import Pipeline, Sinks, TestSources

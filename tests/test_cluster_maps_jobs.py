@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
+from support.cluster_processes import ClusterProcesses
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]

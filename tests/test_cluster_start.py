@@ -23,6 +23,7 @@ from jetwake.engine.cluster.membership import KafkaMembership
 from jetwake.engine.server.member_service import MemberService
 from support.cluster_processes import TOKEN, ClusterProcesses
 from support.ports import free_port
+from support.process_stop import stop_gracefully
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration]
@@ -65,13 +66,7 @@ class _PipedMember:
 
     def stop(self) -> list[str]:
         """SIGTERM, then every line the process printed on stdout."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_gracefully(self.proc)
         self._reader.join(10)
         self._log.close()
         return self.lines

@@ -24,7 +24,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from support.cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
+from support.cluster_processes import ClusterProcesses
 from reference.generate import joined_backlogs, skewed_partitions
 from reference.process_runtimes import (
     cluster_expected, cluster_scenarios, functions_by_value, run_on_cluster,

@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 
 from support.cluster_processes import ClusterMemberProcess, ClusterProcesses
-from support.cluster_sums import (
-    Output, by_key, job_status, new_topic, produce_events, running_sums, submit_sums,
-)
+from support.cluster_sums import SumsRun
 from support.ports import free_ports
 from support.waiting import wait_until
 
@@ -37,41 +35,6 @@ def cluster(tmp_path: Path, kafka_bootstrap: str):
     c.stop_all()
 
 
-class _Sums:
-    """The rolling-sums exactly-once job (a snapshot every 200 ms) submitted to ``member``,
-    fed ``count`` events, with a read_committed reader of its output; returns once the job
-    has written the first sums and committed two snapshots."""
-
-    def __init__(self, cluster: ClusterProcesses, member: ClusterMemberProcess, tmp_path: Path,
-                 bootstrap: str, count: int = 1000) -> None:
-        self.cluster, self.bootstrap = cluster, bootstrap
-        self.source, sink = new_topic(bootstrap), new_topic(bootstrap)
-        self.events: list[tuple[str, int]] = []
-        self.feed(count)
-        self.job = submit_sums(cluster, member, tmp_path, bootstrap, self.source, sink)
-        self.out = Output(bootstrap, sink)
-        self.wait_for_all("the first sums", 60)
-        wait_until(lambda: (job_status(cluster, member, self.job["id"])
-                            .get("snapshot_count") or 0) >= 2,
-                   what="two snapshots", timeout=30, interval=0.2)
-
-    def feed(self, count: int) -> None:
-        start = len(self.events)
-        batch = [(f"k{i % 11}", i) for i in range(start, start + count)]
-        produce_events(self.bootstrap, self.source, batch)
-        self.events += batch
-
-    def wait_for_all(self, what: str, timeout: float) -> None:
-        wait_until(lambda: self.out.has(len(self.events)), what=what, timeout=timeout,
-                   interval=0)
-
-    def assert_exactly_once(self) -> None:
-        self.out.drain()
-        self.out.close()
-        assert len(self.out.records) == len(self.events), "a record was written twice"
-        assert by_key(self.out.records) == running_sums(self.events)
-
-
 def _logs(members: list[ClusterMemberProcess]) -> str:
     return "\n".join(m.log for m in members)
 
@@ -81,11 +44,10 @@ def test_a_killed_coordinator_is_replaced_within_seconds_and_the_job_goes_on_exa
     members = cluster.start(3)
     old = cluster.coordinator()
     survivor = next(m for m in members if m is not old)
-    run = _Sums(cluster, survivor, tmp_path, kafka_bootstrap)
+    run = SumsRun(cluster, survivor, tmp_path, kafka_bootstrap, snapshots=2)
     before = len(run.out.records)
-    old.proc.send_signal(signal.SIGKILL)
     killed = time.monotonic()
-    old.proc.wait(10)
+    old.kill()
     run.feed(1000)
     wait_until(lambda: run.out.has(before + 1), what="output after the kill", timeout=60,
                interval=0)
@@ -103,7 +65,7 @@ def test_a_paused_coordinator_is_not_removed_as_dead_but_deposed_after_the_sessi
     members = cluster.start(3)
     old = cluster.coordinator()
     others = [m for m in members if m is not old]
-    run = _Sums(cluster, others[0], tmp_path, kafka_bootstrap)
+    run = SumsRun(cluster, others[0], tmp_path, kafka_bootstrap, snapshots=2)
     old.proc.send_signal(signal.SIGSTOP)
     try:
         # a survivor's call to the paused coordinator went unanswered and it checked: the
@@ -133,9 +95,8 @@ def test_a_member_restarted_on_the_killed_coordinator_s_peer_address_is_not_expe
                what="three members", timeout=60, interval=0.2)
     old = cluster.coordinator()
     survivor = next(m for m in members if m is not old)
-    run = _Sums(cluster, survivor, tmp_path, kafka_bootstrap)
-    old.proc.send_signal(signal.SIGKILL)
-    old.proc.wait(10)
+    run = SumsRun(cluster, survivor, tmp_path, kafka_bootstrap, snapshots=2)
+    old.kill()
     # the same data directory and peer port: the survivors may find the address refused
     # (before it listens) or answered (after); neither may expel the new process
     again = cluster.revive(old, "--peer-port", str(ports[members.index(old)]))

@@ -30,7 +30,7 @@ from jetwake import (
     AggregateOperations as ops, JobConfig, Member, Pipeline, Sinks, Sources, WindowDefinition,
 )
 
-from support.cluster_processes import ClusterProcesses, three  # noqa: F401 - a fixture
+from support.cluster_processes import ClusterProcesses
 from support.spark_fixtures import spark_runner  # noqa: F401 - a fixture
 from support.waiting import wait_until
 from support.window_reference import session_reference, sliding_reference, step_of

@@ -14,11 +14,14 @@ not a helper.
 - ``clock``: ``ControlledClock``, moved by hand in tests of clock-driven code.
 - ``restores``: which snapshots a member process restored its jobs from, for the kill tests.
 - ``ports``: ``free_port``.
+- ``process_stop``: ``stop_gracefully``, SIGTERM then SIGKILL after a deadline, for the member
+  processes a test stops.
 - ``package_files``: the files of the jetwake package, the code folders' links followed.
 - ``kafka_broker``: the pytest plugin of the Kafka broker (tests/conftest.py loads it), with
   ``local_kafka/kafka_local.py`` (also ``make kafka-up``).
 - ``cluster_processes``: member processes of a cluster (``jetwake member start``), and the
-  ``three`` fixture; ``cluster_sums``: the exactly-once rolling-sum job over Kafka they run.
+  ``three`` fixture; ``cluster_sums``: the exactly-once rolling-sum job over Kafka they run,
+  and ``SumsRun``, the failover tests' driver of it (fed, killed under, checked exactly once).
 - ``cli_member``: a ``jetwake member start`` process and ``jetwake`` commands against it.
 - ``kafka_job``: the Kafka fault tests' job process, its input and the exactly-once check.
 - ``dashboard``: a ``jetwake member start`` process with the dashboard on, HTTP calls that keep

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -21,6 +20,7 @@ import pytest
 from jetwake import Client
 from jetwake.engine.server.cli.output import job_json
 from support.ports import free_port
+from support.process_stop import stop_gracefully
 from support.waiting import wait_until
 
 TOKEN = "cluster-test-token"
@@ -66,15 +66,11 @@ class ClusterMemberProcess:
         return Client(self.address, token=self.token)
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait(10)
+        """A graceful stop (SIGTERM; SIGKILL after ``timeout`` s); returns the exit code."""
+        return stop_gracefully(self.proc, timeout)
 
     def kill(self) -> None:
+        """SIGKILL (if it still runs), and waits until the process is gone."""
         if self.alive():
             self.proc.kill()
             self.proc.wait(10)
@@ -168,10 +164,14 @@ class ClusterProcesses:
             m.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def three(tmp_path_factory, kafka_bootstrap: str):
-    """One three-member cluster shared by a test module whose tests only submit jobs to it
-    (import it into the module: ``from support.cluster_processes import three``)."""
+    """One three-member cluster shared by every test that only submits jobs to it (never
+    kills, stops or adds a member), started by the first that asks for it and stopped at the
+    end of the session: a start costs about 5 s, an idle member a fraction of a percent of a
+    core. Its tests give their jobs, maps and lists names of their own and cancel what they
+    leave running. tests/conftest.py loads this module as a plugin, so every module shares
+    the one instance (a module that imported the fixture would get a cluster of its own)."""
     c = ClusterProcesses(tmp_path_factory.mktemp("three"), kafka_bootstrap)
     try:
         c.start(3)

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from support.cluster_processes import ClusterProcesses
+from support.waiting import wait_until
 
 
 def new_topic(bootstrap: str, partitions: int = 3) -> str:
@@ -119,3 +120,48 @@ def job_status(cluster: ClusterProcesses, member, job_id: str) -> dict:
     """What ``jetwake status JOB --json`` on ``member`` shows (ClusterProcesses.status)."""
     return cluster.status(member, job_id)
 
+
+
+class SumsRun:
+    """The driver of the failover tests: the sums job submitted to ``member`` (exactly-once, a
+    snapshot every 200 ms, ``flags`` added), fed ``count`` events over ``keys`` keys, with a
+    read_committed reader of what it wrote. Returns once the first sums arrived and the job
+    committed ``snapshots`` snapshots (a member killed after them restores from one).
+
+    The test then kills a member (``ClusterMemberProcess.kill``), feeds more events, waits for
+    their sums and checks that every sum came once and exact."""
+
+    def __init__(self, cluster: ClusterProcesses, member, tmp_path: Path, bootstrap: str,
+                 keys: int = 11, *flags: str, count: int = 1000, snapshots: int = 0) -> None:
+        self.cluster, self.bootstrap, self.keys = cluster, bootstrap, keys
+        self.source, sink = new_topic(bootstrap), new_topic(bootstrap)
+        self.events: list[tuple[str, int]] = []
+        self.feed(count)
+        self.job = submit_sums(cluster, member, tmp_path, bootstrap, self.source, sink, *flags)
+        self.out = Output(bootstrap, sink)
+        self.wait_for_all("the first sums", 60)
+        if snapshots:
+            wait_until(lambda: (self.status(member).get("snapshot_count") or 0) >= snapshots,
+                       what=f"{snapshots} snapshots", timeout=30, interval=0.05)
+
+    def feed(self, count: int) -> None:
+        """Writes the next ``count`` events to the source topic."""
+        start = len(self.events)
+        batch = [(f"k{i % self.keys}", i) for i in range(start, start + count)]
+        produce_events(self.bootstrap, self.source, batch)
+        self.events += batch
+
+    def wait_for_all(self, what: str, timeout: float) -> None:
+        """Waits until the sum of every event fed so far has been read."""
+        wait_until(lambda: self.out.has(len(self.events)), what=what, timeout=timeout,
+                   interval=0)
+
+    def status(self, member) -> dict:
+        return job_status(self.cluster, member, self.job["id"])
+
+    def assert_exactly_once(self) -> None:
+        """Reads what is still coming, then: every sum once, each key's sums exact."""
+        self.out.drain()
+        self.out.close()
+        assert len(self.out.records) == len(self.events), "a record was written twice"
+        assert by_key(self.out.records) == running_sums(self.events)

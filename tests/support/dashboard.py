@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -16,6 +15,7 @@ from typing import Any
 
 from jetwake import Client
 from support.ports import free_port
+from support.process_stop import stop_gracefully
 from support.waiting import wait_until
 
 TOKEN = "dashboard-token"
@@ -143,11 +143,5 @@ class DashboardMember:
         return json.loads(r.stdout)["status"]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_gracefully(self.proc)
         self._log.close()
