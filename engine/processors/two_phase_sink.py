@@ -106,6 +106,10 @@ class TwoPhaseCommitSink(Processor):
         """What is kept (and saved in snapshots) for the received ``items``."""
         return items
 
+    def record_count(self, records: list) -> int:
+        """How many records ``records`` (as kept by :meth:`to_records`) hold, for the log."""
+        return len(records)
+
     def start(self) -> None:
         """Runs once in the processor's thread before anything is settled or written (after
         the restore, if any): connect, fence earlier incarnations."""
@@ -229,5 +233,5 @@ class TwoPhaseCommitSink(Processor):
         if records:
             self.context.logger.info(
                 "%s: snapshot(s) %s not written (marker %d): writing their %d records now",
-                writer, [b.snapshot_id for b in due], marker, len(records))
+                writer, [b.snapshot_id for b in due], marker, self.record_count(records))
             self.commit(writer, due[-1].snapshot_id, records)
