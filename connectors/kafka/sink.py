@@ -108,10 +108,14 @@ class KafkaRecordFormat:
     def keys_and_values(self, items: list) -> tuple[list, list]:
         """The serialized keys and values of ``items``. Without ``key_fn``/``value_fn`` a
         chunk of plain ``(key, value)`` tuples is split with C-level maps; each serializer
-        runs over the whole chunk (:func:`~.serde.serialize_all`)."""
+        runs over the whole chunk (:func:`~.serde.serialize_all`); a chunk without tuples has
+        no key to split off."""
         kf, vf = self.key_fn, self.value_fn
         if kf is None and vf is None:
-            if set(map(type, items)) == _TUPLE and set(map(len, items)) == _TWO:
+            types = set(map(type, items))
+            if tuple not in types:  # no pair (dicts, strings...): values without key
+                keys, values = [None] * len(items), items
+            elif types == _TUPLE and set(map(len, items)) == _TWO:
                 keys, values = list(map(_first, items)), list(map(_second, items))
             else:  # not every item is a pair: those that are not are values without key
                 pairs = list(map(_default_split, items))
