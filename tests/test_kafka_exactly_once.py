@@ -168,6 +168,32 @@ def test_record_pairs_saved_by_an_earlier_version_are_written_once_with_their_ke
 
 @pytest.mark.integration
 @pytest.mark.kafka
+def test_a_batch_saved_in_parts_is_restored_whole_and_written_once(kafka_bootstrap, kafka_topic,
+                                                                   monkeypatch):
+    """A snapshot interval's output is saved as several entries (parts of at least
+    SNAPSHOT_PART_RECORDS records, each its own frame); a restore joins them in order, also
+    when the snapshot holds the batch twice, and writes every record once."""
+    from jetwake.connectors.kafka import sink_exactly_once
+
+    monkeypatch.setattr(sink_exactly_once, "SNAPSHOT_PART_RECORDS", 2)
+    topic = kafka_topic()
+    props = {"bootstrap.servers": kafka_bootstrap}
+    job_id = uuid.uuid4().hex[:12]
+    sink = HandDriven(topic, props, job_id)
+    for chunk in (["a", "b"], ["c", "d", "e"], ["f"]):
+        sink.process(chunk)
+    entries = sink.phase1(1)
+    sink.close()                                  # the member dies before phase 2
+    assert [value[6] for _, value in entries] == [0, 1, 2]
+
+    again = HandDriven(topic, props, job_id, restored_id=1)
+    again.restore(entries + entries[1:2])         # a part restored twice counts once
+    again.close()
+    assert committed_values(kafka_bootstrap, topic) == ["a", "b", "c", "d", "e", "f"]
+
+
+@pytest.mark.integration
+@pytest.mark.kafka
 def test_complete_before_phase2_commits_nothing_of_the_snapshot(kafka_bootstrap, kafka_topic):
     """complete() arrives after phase 1 of snapshot 1 and before its phase 2: it must wait
     (False) and write nothing; phase 2 then writes snapshot 1's records with the marker and
