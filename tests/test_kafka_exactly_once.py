@@ -71,9 +71,10 @@ class HandDriven:
         self.proc.close()
 
 
-def committed_values(bootstrap: str, topic: str) -> list[str]:
-    """Every value a read_committed reader sees in ``topic``, read up to the end of each
-    partition (no waiting for records that might still come)."""
+def committed_values(bootstrap: str, topic: str, with_keys: bool = False) -> list:
+    """Every value (``(key, value)`` with ``with_keys``) a read_committed reader sees in
+    ``topic``, read up to the end of each partition (no waiting for records that might still
+    come)."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
                   "enable.auto.commit": False, "isolation.level": "read_committed"})
     try:
@@ -82,14 +83,16 @@ def committed_values(bootstrap: str, topic: str) -> list[str]:
                                            cached=False)[1] for p in parts}
         todo = {p for p, end in ends.items() if end > 0}
         c.assign([TopicPartition(topic, p, 0) for p in todo])
-        values: list[str] = []
+        values: list = []
 
         def at_the_end() -> bool:
             if not todo:
                 return True
             for m in c.consume(1000, 0.2):
                 if not m.error():
-                    values.append(m.value().decode())
+                    value = m.value().decode()
+                    values.append((m.key() and m.key().decode(), value) if with_keys
+                                  else value)
             for tp in c.position([TopicPartition(topic, p) for p in list(todo)]):
                 if tp.offset >= ends[tp.partition]:
                     todo.discard(tp.partition)
@@ -134,6 +137,59 @@ def test_a_marker_outlives_the_group_offsets(kafka_bootstrap, kafka_topic):
     again.restore(entries)
     again.close()
     assert sorted(committed_values(kafka_bootstrap, topic)) == ["a", "b", "c"]
+
+
+@pytest.mark.integration
+@pytest.mark.kafka
+def test_record_pairs_saved_by_an_earlier_version_are_written_once_with_their_keys(
+        kafka_bootstrap, kafka_topic):
+    """Earlier versions saved a snapshot's records as ``[key, value]`` pairs; this one saves
+    chunks ``[keys or None, values]``. A restore from a snapshot that holds both kinds (its
+    phase 2 never ran) writes every record once, in order, each with its key."""
+    topic = kafka_topic()
+    props = {"bootstrap.servers": kafka_bootstrap}
+    job_id = uuid.uuid4().hex[:12]
+    sink = HandDriven(topic, props, job_id)
+    sink.process([("k1", "new-1"), ("k2", "new-2")])
+    sink.process(["new-3"])                       # a chunk without keys
+    entries = sink.phase1(1)
+    sink.close()                                  # the member dies before phase 2
+    (key, value), = entries
+    assert [chunk[0] for chunk in value[5]] == [[b"k1", b"k2"], None]
+    value[5][:0] = [[b"old-k", b"old-1"], [None, b"old-2"]]   # as an earlier version saved
+
+    again = HandDriven(topic, props, job_id, restored_id=1)
+    again.restore([(key, value)])
+    again.close()
+    assert committed_values(kafka_bootstrap, topic, with_keys=True) == [
+        ("old-k", "old-1"), (None, "old-2"), ("k1", "new-1"), ("k2", "new-2"),
+        (None, "new-3")]
+
+
+@pytest.mark.integration
+@pytest.mark.kafka
+def test_a_batch_saved_in_parts_is_restored_whole_and_written_once(kafka_bootstrap, kafka_topic,
+                                                                   monkeypatch):
+    """A snapshot interval's output is saved as several entries (parts of at least
+    SNAPSHOT_PART_RECORDS records, each its own frame); a restore joins them in order, also
+    when the snapshot holds the batch twice, and writes every record once."""
+    from jetwake.connectors.kafka import sink_exactly_once
+
+    monkeypatch.setattr(sink_exactly_once, "SNAPSHOT_PART_RECORDS", 2)
+    topic = kafka_topic()
+    props = {"bootstrap.servers": kafka_bootstrap}
+    job_id = uuid.uuid4().hex[:12]
+    sink = HandDriven(topic, props, job_id)
+    for chunk in (["a", "b"], ["c", "d", "e"], ["f"]):
+        sink.process(chunk)
+    entries = sink.phase1(1)
+    sink.close()                                  # the member dies before phase 2
+    assert [value[6] for _, value in entries] == [0, 1, 2]
+
+    again = HandDriven(topic, props, job_id, restored_id=1)
+    again.restore(entries + entries[1:2])         # a part restored twice counts once
+    again.close()
+    assert committed_values(kafka_bootstrap, topic) == ["a", "b", "c", "d", "e", "f"]
 
 
 @pytest.mark.integration

@@ -108,10 +108,14 @@ class KafkaRecordFormat:
     def keys_and_values(self, items: list) -> tuple[list, list]:
         """The serialized keys and values of ``items``. Without ``key_fn``/``value_fn`` a
         chunk of plain ``(key, value)`` tuples is split with C-level maps; each serializer
-        runs over the whole chunk (:func:`~.serde.serialize_all`)."""
+        runs over the whole chunk (:func:`~.serde.serialize_all`); a chunk without tuples has
+        no key to split off."""
         kf, vf = self.key_fn, self.value_fn
         if kf is None and vf is None:
-            if set(map(type, items)) == _TUPLE and set(map(len, items)) == _TWO:
+            types = set(map(type, items))
+            if tuple not in types:  # no pair (dicts, strings...): values without key
+                keys, values = [None] * len(items), items
+            elif types == _TUPLE and set(map(len, items)) == _TWO:
                 keys, values = list(map(_first, items)), list(map(_second, items))
             else:  # not every item is a pair: those that are not are values without key
                 pairs = list(map(_default_split, items))
@@ -122,10 +126,18 @@ class KafkaRecordFormat:
         return serialize_all(self.ks, keys), serialize_all(self.vs, values)
 
     def serialize(self, items: list) -> list:
-        """``[key bytes, value bytes]`` per item (the form the exactly-once sink keeps and
-        saves in snapshots)."""
+        """``[key bytes, value bytes]`` per item."""
         keys, values = self.keys_and_values(items)
         return list(map(list, zip(keys, values)))
+
+    def serialize_chunk(self, items: list) -> list:
+        """``items`` as one chunk ``[keys, values]``: the serialized keys (None when no item
+        has a key, the usual case) and values, two flat lists of bytes. The form the
+        exactly-once sink keeps and saves in snapshots: no object per record, so keeping a
+        snapshot interval's output costs the garbage collector nothing and msgpack packs a
+        chunk as two arrays of bytes."""
+        keys, values = self.keys_and_values(items)
+        return [None if keys.count(None) == len(keys) else keys, values]
 
     def producer_conf(self) -> dict:
         """The user's producer properties with the sink's batching defaults."""
@@ -158,7 +170,8 @@ class KafkaRecordFormat:
         return len(values)
 
     def produce_all(self, producer: Any, records: list, topic: str | None = None) -> None:
-        """Produces every record; waits for room when the producer's queue is full."""
+        """Produces every ``[key, value]`` record; waits for room when the producer's queue
+        is full."""
         produce = producer.produce
         topic = topic or self.topic
         i, n = 0, len(records)
@@ -171,6 +184,25 @@ class KafkaRecordFormat:
             except BufferError:
                 producer.poll(0.05)
         producer.poll(0)
+
+    def produce_chunk(self, producer: Any, keys: list | None, values: list) -> None:
+        """Produces a chunk made by :meth:`serialize_chunk` (``keys`` None: no key); waits for
+        room when the producer's queue is full. Serves no delivery reports otherwise: the
+        caller polls once after its last chunk (a poll per chunk cost a tenth of the
+        produce time)."""
+        produce, topic = producer.produce, self.topic
+        i, n = 0, len(values)
+        while i < n:
+            try:
+                if keys is None:
+                    for i in range(i, n):  # noqa: B020 - resumes at the refused record
+                        produce(topic, values[i])
+                else:
+                    for i in range(i, n):  # noqa: B020 - resumes at the refused record
+                        produce(topic, values[i], keys[i])
+                i = n
+            except BufferError:
+                producer.poll(0.05)
 
 
 class KafkaSinkProcessor(Processor):

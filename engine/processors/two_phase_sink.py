@@ -19,7 +19,10 @@ Saved entries
     indices ``j`` with ``j % parallelism == its index``, so a job restored with another
     parallelism writes (or skips) the batches of every old processor exactly once. A
     processor with nothing prepared still saves one empty entry, which tells the restored
-    job that its writer existed (a Kafka sink fences its transactional id).
+    job that its writer existed (a Kafka sink fences its transactional id). A sink may cut a
+    batch into parts (:meth:`~TwoPhaseCommitSink.snapshot_parts`), each saved as its own
+    entry, one per ``save_to_snapshot`` call, so each is its own frame in the snapshot file:
+    ``[..., records, part index]``; the restore joins the parts of a batch in their order.
 
 Batches and markers
     A snapshot holds every batch not yet written, each under the id of the snapshot it was
@@ -53,6 +56,7 @@ class SavedBatch:
     parallelism: int     # the vertex's parallelism when it was saved
     extra: Any           # what the sink adds to each entry (see snapshot_extra)
     records: list
+    part: int = 0        # the index of this part of the batch (see snapshot_parts)
 
 
 class TwoPhaseCommitSink(Processor):
@@ -82,6 +86,8 @@ class TwoPhaseCommitSink(Processor):
         self._prepared: dict[int, list] = {}     # snapshot id -> records saved in it
         self._restored: list[SavedBatch] = []    # restored batches this processor settles
         self._started = False
+        self._saving: list = []                  # entries of the snapshot being saved ...
+        self._saving_sid: int | None = None      # ... and its id, while some are not offered
 
     # --- what a subclass provides ----------------------------------------------------------
 
@@ -106,9 +112,19 @@ class TwoPhaseCommitSink(Processor):
         """What is kept (and saved in snapshots) for the received ``items``."""
         return items
 
+    def record_count(self, records: list) -> int:
+        """How many records ``records`` (as kept by :meth:`to_records`) hold, for the log."""
+        return len(records)
+
     def start(self) -> None:
         """Runs once in the processor's thread before anything is settled or written (after
         the restore, if any): connect, fence earlier incarnations."""
+
+    def snapshot_parts(self, records: list) -> list[list]:
+        """``records`` of one batch cut into the parts saved as separate entries (and frames);
+        one part (the default) saves the batch as one entry. A sink whose batches are
+        megabytes cuts them: encoding one huge frame costs several times the parts'."""
+        return [records]
 
     def snapshot_extra(self) -> Any:
         """A value saved with every entry of this processor (restored as SavedBatch.extra)."""
@@ -133,17 +149,35 @@ class TwoPhaseCommitSink(Processor):
         if not self._started:
             self._ensure_started()
         sid = self.context.snapshot_id
-        if self._pending:
-            # the records before this barrier: written at this snapshot's phase 2. (A repeated
-            # call, after the snapshot buffer refused the entries, finds nothing pending.)
-            self._prepared.setdefault(sid, []).extend(self._pending)
-            self._pending = []
+        if self._saving_sid != sid:
+            if self._pending:
+                # the records before this barrier: written at this snapshot's phase 2
+                self._prepared.setdefault(sid, []).extend(self._pending)
+                self._pending = []
+            self._saving, self._saving_sid = self._entries(sid), sid
+        # one entry per call: each becomes its own frame of the snapshot file (a refused one
+        # is offered again by the next call)
+        if self._saving and self.outbox.offer_all_to_snapshot(self._saving[:1]):
+            del self._saving[0]
+        if self._saving:
+            return False
+        self._saving_sid = None
+        return True
+
+    def _entries(self, sid: int) -> list:
+        """The entries snapshot ``sid`` saves: every batch not yet written, in parts."""
         batches = sorted(self._prepared.items()) or [(sid, [])]
         key = BroadcastKey((self.snapshot_tag, self.context.global_processor_index))
         head = [self.writer_id(), self.context.global_processor_index,
                 self.context.total_parallelism, self.snapshot_extra()]
-        return self.outbox.offer_all_to_snapshot(
-            [(key, [bsid, *head, records]) for bsid, records in batches])
+        entries = []
+        for bsid, records in batches:
+            parts = self.snapshot_parts(records) if records else [records]
+            if len(parts) == 1:
+                entries.append((key, [bsid, *head, records]))
+            else:
+                entries += [(key, [bsid, *head, part, i]) for i, part in enumerate(parts)]
+        return entries
 
     def snapshot_commit_prepare(self) -> bool:
         return True  # the records are in the snapshot: that is the preparation
@@ -197,9 +231,10 @@ class TwoPhaseCommitSink(Processor):
     def _parse(self, key: Any, value: Any) -> SavedBatch:
         if (type(key) is BroadcastKey and type(key.key) is tuple and len(key.key) == 2
                 and key.key[0] == self.snapshot_tag and isinstance(value, (list, tuple))
-                and len(value) == 6):
-            sid, writer, windex, total, extra, records = value
-            return SavedBatch(sid, writer, windex, total, extra, list(records))
+                and len(value) in (6, 7)):
+            sid, writer, windex, total, extra, records = value[:6]
+            return SavedBatch(sid, writer, windex, total, extra, list(records),
+                              value[6] if len(value) == 7 else 0)
         raise SnapshotError(
             f"{type(self).__qualname__} ({self.context.vertex_name}): the snapshot holds an "
             f"entry it did not save (key {key!r}); was the stage renamed onto another sink?")
@@ -208,15 +243,16 @@ class TwoPhaseCommitSink(Processor):
         self.start()
         self._started = True
         restored, self._restored = self._restored, []
-        by_writer: dict[str, dict[int, SavedBatch]] = {}
+        by_writer: dict[str, dict[int, dict[int, SavedBatch]]] = {}
         for b in restored:
-            # the same batch may be restored twice (a final state is part of later snapshots)
-            mine = by_writer.setdefault(b.writer, {})
-            if b.snapshot_id not in mine or len(b.records) > len(mine[b.snapshot_id].records):
-                mine[b.snapshot_id] = b
+            # the same batch may be restored twice (a final state is part of later snapshots):
+            # a batch only grows, so the longer of two copies of a part is the later one
+            parts = by_writer.setdefault(b.writer, {}).setdefault(b.snapshot_id, {})
+            if b.part not in parts or len(b.records) > len(parts[b.part].records):
+                parts[b.part] = b
         for writer in sorted(by_writer):
-            self.settle_writer(writer, sorted(by_writer[writer].values(),
-                                              key=lambda b: b.snapshot_id))
+            self.settle_writer(writer, [_joined(by_writer[writer][sid])
+                                        for sid in sorted(by_writer[writer])])
 
     def settle_writer(self, writer: str, batches: list[SavedBatch]) -> None:
         """Writes the restored ``batches`` of ``writer`` (sorted by snapshot id) whose
@@ -229,5 +265,14 @@ class TwoPhaseCommitSink(Processor):
         if records:
             self.context.logger.info(
                 "%s: snapshot(s) %s not written (marker %d): writing their %d records now",
-                writer, [b.snapshot_id for b in due], marker, len(records))
+                writer, [b.snapshot_id for b in due], marker, self.record_count(records))
             self.commit(writer, due[-1].snapshot_id, records)
+
+
+def _joined(parts: dict[int, SavedBatch]) -> SavedBatch:
+    """One batch from its restored parts (by part index)."""
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    first = parts[min(parts)]
+    return SavedBatch(first.snapshot_id, first.writer, first.writer_index, first.parallelism,
+                      first.extra, [r for i in sorted(parts) for r in parts[i].records])

@@ -200,14 +200,19 @@ class _Stream:
         self.size = 0
         self.files_saved = 0
 
-    def append(self, frame: bytes, count: int) -> None:
-        if self.file is not None:
-            self.file.write(frame)
-        else:
-            assert self.buffer is not None  # a stream without a file has a buffer
-            self.buffer += frame
-        self.crc = zlib.crc32(frame, self.crc)
-        self.size += len(frame)
+    def append(self, frame: bytes, count: int, head: bytes = b"") -> None:
+        """Appends ``head`` then ``frame`` (a frame's length prefix apart from its body saves
+        a copy of the body, which for a sink's saved output is megabytes)."""
+        for part in (head, frame):
+            if not part:
+                continue
+            if self.file is not None:
+                self.file.write(part)
+            else:
+                assert self.buffer is not None  # a stream without a file has a buffer
+                self.buffer += part
+            self.crc = zlib.crc32(part, self.crc)
+            self.size += len(part)
         self.count += count
 
 
@@ -267,8 +272,8 @@ class SnapshotWriter:
                 if any(type(v) is SnapshotFiles for v in values):
                     values = [self._save_files(v, vertex, processor, stream)
                               if type(v) is SnapshotFiles else v for v in values]
-                frame = encode_frame(keys, values)
-                stream.append(frame, len(entries))
+                body = dumps([keys, values])
+                stream.append(body, len(entries), _FRAME.pack(len(body)))
             except OSError as e:
                 self.error = e
 
