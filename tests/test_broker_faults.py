@@ -5,9 +5,10 @@ fed by a live producer, through keyed state changed in place in RocksDB (a runni
 ``[sum, count]`` per key) to a Kafka output topic. Each test does one broker fault, checks
 that it happened, undoes it, and then checks that the job caught up by itself with every
 output record once (a ``read_committed`` reader) and the state exact, as the input says.
-The longest stretch without output after each fault is printed (run with ``-s``) and
-reported in docs/reliability.md. The last test is a job whose brokers are gone for good: it
-fails, naming them and how long they did not answer, instead of retrying forever.
+A killed broker is started again at once but not waited for: the job must catch up on
+the two others meanwhile. The longest stretch without output after each fault is printed (run
+with ``-s``) and reported in docs/reliability.md. Brokers gone for good are
+tests/test_kafka_unreachable.py's.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from jetwake import JobConfig, JobStatus, Member
+from jetwake import JobConfig
 from jetwake.engine.server.client import RemoteError
 from support import broker_faults
 from support.broker_faults import (
     Brokers, LiveInput, LiveOutput, read_input, running_state_pipeline, running_states,
 )
 from support.cluster_processes import ClusterProcesses
-from support.cluster_sums import Output, by_key, produce_events
+from support.cluster_sums import by_key
 from support.waiting import stays_true, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.faults]
@@ -175,9 +176,9 @@ def test_the_job_goes_on_exactly_once_when_a_broker_is_paused_past_its_session(
                timeout=60, interval=0.2)
     assert time.monotonic() - since > SESSION_TIMEOUT_S
     run.brokers.resume(node)
+    run.assert_caught_up_exactly_once("broker paused", since)
     wait_until(lambda: node in run.brokers.isr(run.source, 0), what=f"broker {node} back in "
                "sync", timeout=90, interval=0.2)
-    run.assert_caught_up_exactly_once("broker paused", since)
 
 
 def test_the_job_restarts_by_itself_exactly_once_when_every_broker_was_stopped(
@@ -193,36 +194,3 @@ def test_the_job_restarts_by_itself_exactly_once_when_every_broker_was_stopped(
     run.brokers.heal()
     run.assert_caught_up_exactly_once("every broker stopped", since)
     assert all(m.alive() for m in run.members)
-
-
-def test_a_job_whose_brokers_are_gone_for_good_fails_naming_them_and_how_long(
-        kafka_three_brokers, brokers: Brokers, tmp_path: Path) -> None:
-    bootstrap = kafka_three_brokers.bootstrap
-    source = kafka_three_brokers.new_topic("bf-gone-in")
-    sink = kafka_three_brokers.new_topic("bf-gone-out")
-    pipeline = running_state_pipeline(bootstrap, source, sink,
-                                      {"jetwake.unreachable.timeout.ms": 3000})
-    produce_events(bootstrap, source, [(f"k{i % 5}", i) for i in range(50)])
-    out = Output(bootstrap, sink)
-    try:
-        with Member(tmp_path / "member") as member:
-            job = member.new_job(pipeline, JobConfig(
-                name="gone", processing_guarantee="exactly_once", snapshot_interval_ms=200))
-            wait_until(lambda: out.has(50), what="the job's output", timeout=60, interval=0)
-            out.close()
-            for node in brokers.nodes:
-                brokers.kill(node)
-            gone = time.monotonic()
-            wait_until(lambda: job.get_status() == JobStatus.FAILED,
-                       what=lambda: f"the job to fail (it is {job.get_status()}: "
-                                    f"{job.failure})", timeout=90, interval=0.2)
-            failed_after = time.monotonic() - gone
-            failure = job.failure or ""
-            assert all(brokers.pid(n) is None for n in brokers.nodes), "a broker came back"
-    finally:
-        brokers.heal()
-    assert failed_after >= 3.0
-    assert f"the Kafka brokers at {bootstrap} have not answered for" in failure
-    assert "jetwake.unreachable.timeout.ms=3000" in failure
-    print(f"\nbrokers gone for good: the job FAILED {failed_after:.1f} s after the kill: "
-          f"{failure}")
