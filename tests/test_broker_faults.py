@@ -141,7 +141,9 @@ def test_the_job_goes_on_exactly_once_when_the_active_controller_is_killed(heale
     node, epoch = run.brokers.controller()
     since = time.monotonic()
     run.brokers.kill(node)
-    wait_until(lambda: run.brokers.controller()[1] > epoch, what="another active controller",
+    wait_until(lambda: run.brokers.controller()[1] > epoch,
+               what=lambda: f"another active controller than {node} at epoch {epoch} (now "
+               f"{run.brokers.controller()}; running: {run.brokers.running()})",
                timeout=60, interval=0.2)
     assert run.brokers.controller()[0] != node
     run.brokers.restart(node)

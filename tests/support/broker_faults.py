@@ -99,6 +99,10 @@ class Brokers:
 
     # --- faults ---------------------------------------------------------------------------
 
+    def running(self) -> list[int]:
+        """The nodes whose process runs."""
+        return [n for n in self.nodes if self.pid(n) is not None]
+
     def pid(self, node: int) -> int | None:
         return self.kl.node_pid(self.port, node)
 
