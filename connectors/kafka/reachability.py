@@ -28,7 +28,7 @@ from typing import Any, Callable
 from jetwake.engine.core.errors import JetwakeError
 
 __all__ = ["KafkaUnreachableError", "answered", "unanswered", "check", "unanswered_since",
-           "is_no_answer", "error_callback", "UNREACHABLE_OPTION"]
+           "time_left", "is_no_answer", "error_callback", "UNREACHABLE_OPTION"]
 
 log = logging.getLogger("jetwake.kafka")
 
@@ -108,6 +108,15 @@ def unanswered_since(servers: str) -> float | None:
     """The wall-clock time since which ``servers`` have not answered, or None."""
     since = _since.get(servers)
     return None if since is None else since.wall
+
+
+def time_left(servers: str, limit_ms: int) -> float | None:
+    """Seconds until ``servers`` pass their bound, when they are not answering now (at
+    least 0); None while they answer or without a bound."""
+    since = _since.get(servers)
+    if since is None or limit_ms <= 0:
+        return None
+    return max(0.0, limit_ms / 1000 - (time.monotonic() - since.monotonic))
 
 
 def check(servers: str, limit_ms: int, where: str) -> None:

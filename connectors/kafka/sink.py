@@ -152,6 +152,14 @@ class KafkaRecordFormat:
         reachability.check(str(self.servers), self.options[reachability.UNREACHABLE_OPTION],
                            self.where)
 
+    def call_timeout(self, timeout: float) -> float:
+        """``timeout`` for a blocking call, cut to what is left of
+        ``jetwake.unreachable.timeout.ms`` (at least 0.5 s) while the brokers do not answer,
+        so that a call does not outlast the bound by its own time-out."""
+        left = reachability.time_left(str(self.servers),
+                                      self.options[reachability.UNREACHABLE_OPTION])
+        return timeout if left is None else min(timeout, max(0.5, left + 0.5))
+
     def note_answer(self) -> None:
         """The brokers answered (a commit, a delivery): the unreachable clock stops."""
         reachability.answered(str(self.servers))

@@ -123,7 +123,7 @@ class KafkaExactlyOnceSinkProcessor(TwoPhaseCommitSink):
 
         def call() -> None:
             try:
-                producer.init_transactions(min(30.0, self.timeout_s))
+                producer.init_transactions(self.fmt.call_timeout(min(30.0, self.timeout_s)))
             except KafkaException as e:
                 err = e.args[0]
                 if err.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
