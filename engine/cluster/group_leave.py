@@ -14,7 +14,7 @@ member id, has another, and is never removed by it). Kafka's Java admin client c
 The group's description is asked the same way (FindCoordinator, then DescribeGroups v4), not
 through librdkafka's admin client: its group calls go to the group's coordinator broker, and
 when that broker goes away while a call is in flight (a broker killed or restarted),
-librdkafka 2.x frees the call's state twice and aborts the whole process on its assertion
+librdkafka 2.x uses the call's state after freeing it and aborts the whole process on its assertion
 ``eonce->refcnt > 0`` (librdkafka issue #4605; the use-after-free in
 ``rd_kafka_admin_coord_request``'s error path). A member asks for the group's description
 all the time (who is there, who coordinates), so on a plain socket a broker fault costs it
