@@ -40,6 +40,7 @@ SINK_OPTIONS = {
     "jetwake.commit.retry.timeout.ms": 120_000,  # a phase-2 commit retries this long
     "jetwake.fence.parallelism": 0,             # fence transactional ids up to this index
     "jetwake.markers.topic": "__jetwake_sink_markers",  # exactly-once markers (compacted)
+    "jetwake.unreachable.timeout.ms": 600_000,  # as the source's (reachability.py)
 }
 
 _TRUE = ("true", "1", "yes")

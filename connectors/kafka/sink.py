@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from jetwake.engine.core.errors import JetwakeError, RestartableError
 from jetwake.engine.core.processor import Inbox, Processor, ProcessorContext
+from jetwake.connectors.kafka import reachability
 from jetwake.connectors.kafka.properties import KafkaConfigError
 from jetwake.connectors.kafka.serde import serialize_all
 from jetwake.connectors.kafka.client_log import with_client_log
@@ -140,12 +141,40 @@ class KafkaRecordFormat:
         return [None if keys.count(None) == len(keys) else keys, values]
 
     def producer_conf(self) -> dict:
-        """The user's producer properties with the sink's batching defaults."""
+        """The user's producer properties with the sink's batching defaults, and librdkafka's
+        "all brokers down" noted for ``jetwake.unreachable.timeout.ms`` (reachability.py)."""
         conf = dict(self.properties)
         conf.setdefault("linger.ms", 5)
         conf.setdefault("batch.num.messages", 10_000)
         conf.setdefault("queue.buffering.max.messages", 500_000)
+        conf.setdefault("error_cb", reachability.error_callback(str(self.servers)))
         return conf
+
+    def note_failure(self, error: BaseException) -> None:
+        """A call to the brokers failed with ``error``: one that got no answer counts towards
+        ``jetwake.unreachable.timeout.ms``; raises the permanent KafkaUnreachableError once
+        the brokers have not answered for longer (the clock runs across the job's restarts)."""
+        if reachability.is_no_answer(error):
+            reachability.unanswered(str(self.servers))
+        self.check_reachable()
+
+    def check_reachable(self) -> None:
+        """Raises KafkaUnreachableError when the brokers have not answered for longer than
+        ``jetwake.unreachable.timeout.ms``."""
+        reachability.check(str(self.servers), self.options[reachability.UNREACHABLE_OPTION],
+                           self.where)
+
+    def call_timeout(self, timeout: float) -> float:
+        """``timeout`` for a blocking call, cut to what is left of
+        ``jetwake.unreachable.timeout.ms`` (at least 0.5 s) while the brokers do not answer,
+        so that a call does not outlast the bound by its own time-out."""
+        left = reachability.time_left(str(self.servers),
+                                      self.options[reachability.UNREACHABLE_OPTION])
+        return timeout if left is None else min(timeout, max(0.5, left + 0.5))
+
+    def note_answer(self) -> None:
+        """The brokers answered (a commit, a delivery): the unreachable clock stops."""
+        reachability.answered(str(self.servers))
 
     def client_conf(self) -> dict:
         """The connection properties (brokers, security) for a consumer or an admin client
@@ -235,6 +264,8 @@ class KafkaSinkProcessor(Processor):
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
+            if reachability.is_no_answer(err):
+                reachability.unanswered(str(self.fmt.servers))
             self._errors.append(f"{err} (topic {msg.topic()}, partition {msg.partition()})")
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
@@ -278,7 +309,9 @@ class KafkaSinkProcessor(Processor):
             self._fail_on_errors()
         if self._backlog is None and not left:
             self._flush_deadline = None
+            self.fmt.note_answer()
             return True
+        self.fmt.check_reachable()
         now = time.monotonic()
         if self._flush_deadline is None:
             self._flush_deadline = now + self.fmt.options["jetwake.commit.retry.timeout.ms"] / 1000
@@ -290,6 +323,7 @@ class KafkaSinkProcessor(Processor):
         return False
 
     def _fail_on_errors(self) -> None:
+        self.fmt.check_reachable()
         errs, self._errors = self._errors, []
         raise RestartableError(
             f"{self.fmt.where}: {len(errs)} record(s) could not be delivered ({errs[:3]}); "

@@ -29,6 +29,7 @@ from jetwake.engine.core.errors import RestartableError
 from jetwake.engine.core.processor import ProcessorContext
 from jetwake.engine.processors.two_phase_sink import NO_MARKER, SavedBatch, TwoPhaseCommitSink
 from jetwake.connectors.kafka.properties import KafkaConfigError
+from jetwake.connectors.kafka.reachability import KafkaUnreachableError
 from jetwake.connectors.kafka.sink import (
     KafkaRecordFormat, KafkaSinkError, check_transaction_timeout, snapshot_interval_ms,
     transactional_id,
@@ -79,7 +80,7 @@ class KafkaExactlyOnceSinkProcessor(TwoPhaseCommitSink):
         conf["transactional.id"] = self.txn_id
         self.producer = Producer(with_client_log(conf))
         self.markers = KafkaMarkerTopic(opts["jetwake.markers.topic"], self.fmt.client_conf(),
-                                        self.timeout_s, self.fmt.where)
+                                        self.timeout_s, self.fmt.where, self.fmt.note_failure)
         context.metrics.setdefault("records_out", 0)
 
     def on_restored(self, batch: SavedBatch) -> None:
@@ -124,7 +125,7 @@ class KafkaExactlyOnceSinkProcessor(TwoPhaseCommitSink):
 
         def call() -> None:
             try:
-                producer.init_transactions(min(30.0, self.timeout_s))
+                producer.init_transactions(self.fmt.call_timeout(min(30.0, self.timeout_s)))
             except KafkaException as e:
                 err = e.args[0]
                 if err.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
@@ -139,7 +140,8 @@ class KafkaExactlyOnceSinkProcessor(TwoPhaseCommitSink):
                 log.warning("init_transactions(%s): %s; retrying", txn_id, err)
                 raise
         retrying(call, self.timeout_s, f"{self.fmt.where}: init_transactions for {txn_id!r} "
-                 f"failed on {self.fmt.servers}")
+                 f"failed on {self.fmt.servers}", self.fmt.note_failure)
+        self.fmt.note_answer()
 
     # --- records and markers -----------------------------------------------------------------
 
@@ -219,15 +221,19 @@ class KafkaExactlyOnceSinkProcessor(TwoPhaseCommitSink):
                     self.markers.produce(producer, writer, marker,  # type: ignore[union-attr]
                                          self.fmt.topic)
                 _retry(lambda: _bounded(lambda: producer.commit_transaction(CALL_TIMEOUT_S),
-                                        writer, "commit_transaction"), deadline)
+                                        writer, "commit_transaction",
+                                        self.fmt.check_reachable), deadline)
+                self.fmt.note_answer()
                 return
-            except _Stuck:
+            except (_Stuck, KafkaUnreachableError):  # a call may still be in flight on it
                 _ABANDONED.append(producer)
                 if producer is self.producer:
                     self.producer = None
                 self._others.pop(writer, None)
+                self.fmt.note_failure(TimeoutError())
                 raise
             except KafkaException as e:
+                self.fmt.note_failure(e)
                 err = e.args[0]
                 if err.fatal():
                     raise RestartableError(
@@ -309,12 +315,14 @@ def _retry(call: Callable[[], Any], deadline: float) -> None:
             delay = min(delay * 2, 1.0)
 
 
-def _bounded(call: Callable[[], Any], txn_id: str, what: str) -> None:
+def _bounded(call: Callable[[], Any], txn_id: str, what: str,
+             waiting: Callable[[], None] = lambda: None) -> None:
     """Runs a transactional call with a hard time limit. librdkafka can block in a
     transactional call past its timeout when its coordinator went away (a broker restart;
     librdkafka issues #5456, #5511); a fresh producer does not have the problem, so a call
     that does not return restarts the job, whose restore fences the stuck producer and
-    re-runs the phase 2 from the snapshot."""
+    re-runs the phase 2 from the snapshot. ``waiting`` is called while the call runs and
+    may end the wait by raising (brokers unreachable for longer than their bound)."""
     box: list = []
 
     def run() -> None:
@@ -326,7 +334,11 @@ def _bounded(call: Callable[[], Any], txn_id: str, what: str) -> None:
 
     t = threading.Thread(target=run, daemon=True, name=f"jetwake-kafka-{what}")
     t.start()
-    t.join(CALL_TIMEOUT_S + 5)
+    until = time.monotonic() + CALL_TIMEOUT_S + 5
+    while not box and time.monotonic() < until:
+        t.join(0.1)
+        if not box:
+            waiting()
     if not box:
         raise _Stuck(
             f"Sinks.kafka(): {what} of {txn_id} did not return within {CALL_TIMEOUT_S + 5:.0f} "

@@ -22,10 +22,11 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from jetwake.engine.core.errors import RestartableError
 from jetwake.connectors.kafka.properties import KafkaConfigError
+from jetwake.connectors.kafka.reachability import KafkaUnreachableError
 from jetwake.connectors.kafka.sink import KafkaSinkError
 from jetwake.connectors.kafka.client_log import with_client_log
 
@@ -44,11 +45,13 @@ _checked_lock = threading.Lock()
 class KafkaMarkerTopic:
     """The markers topic of one cluster, as one sink processor uses it."""
 
-    def __init__(self, name: str, client_conf: dict, timeout_s: float, where: str) -> None:
+    def __init__(self, name: str, client_conf: dict, timeout_s: float, where: str,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
         self.name = name
         self.client_conf = client_conf
         self.timeout_s = timeout_s
         self.where = where
+        self.on_failure = on_failure  # sees each failed attempt; may end the retrying
         self._consumer: Any = None
 
     # --- the topic -----------------------------------------------------------------------------
@@ -195,7 +198,7 @@ class KafkaMarkerTopic:
 
     def _retrying(self, call: Any, what: str) -> Any:
         return retrying(call, self.timeout_s, f"{self.where}: could not {what} on "
-                        f"{self.client_conf.get('bootstrap.servers')}")
+                        f"{self.client_conf.get('bootstrap.servers')}", self.on_failure)
 
     def close(self) -> None:
         c, self._consumer = self._consumer, None
@@ -206,22 +209,37 @@ class KafkaMarkerTopic:
                 log.debug("marker reader close failed", exc_info=True)
 
 
-def retrying(call: Any, timeout_s: float, failed: str) -> Any:
+def retrying(call: Any, timeout_s: float, failed: str,
+             on_failure: Callable[[BaseException], None] | None = None) -> Any:
     """``call()``, retried with exponential back-off for ``timeout_s`` while it fails with
-    anything but a configuration error or a final sink error; then KafkaSinkError
-    ``failed`` with the last error."""
+    anything but a configuration error, a final sink error or brokers unreachable for longer
+    than their bound; then KafkaSinkError ``failed`` with the last error. ``on_failure`` sees
+    each failed attempt's error first (the sink's :meth:`~.KafkaRecordFormat.note_failure`,
+    which raises KafkaUnreachableError, permanent, once the bound is passed)."""
     from tenacity import RetryError, Retrying, retry_if_exception, stop_after_delay, \
         wait_exponential
 
     def transient(e: BaseException) -> bool:
+        if isinstance(e, KafkaUnreachableError):
+            return False
         return not isinstance(e, (KafkaConfigError, KafkaSinkError)) or isinstance(e, _NotYet)
+
+    def attempt_call() -> Any:
+        try:
+            return call()
+        except KafkaUnreachableError:
+            raise
+        except Exception as e:
+            if on_failure is not None:
+                on_failure(e)
+            raise
 
     try:
         for attempt in Retrying(stop=stop_after_delay(timeout_s),
                                 wait=wait_exponential(multiplier=0.1, max=2.0),
                                 retry=retry_if_exception(transient), reraise=False):
             with attempt:
-                return call()
+                return attempt_call()
     except RetryError as e:
         raise KafkaSinkError(f"{failed} within {timeout_s:.0f} s (jetwake.startup.timeout.ms): "
                              f"{e.last_attempt.exception()}") from None

@@ -5,7 +5,7 @@ failing for minutes: the group description timed out at every call, and a partit
 were refused with "leader epoch is older than broker epoch" (it asked with what it knew before),
 while a new client got its answers at once. A member whose every call to the group times out
 cannot start its share of a job, so the cluster's job stayed down. The member's long-lived
-users (the membership's group questions, the cluster records' end offsets) therefore ask
+users (the membership's control topic, the cluster records' end offsets) therefore ask
 through :class:`RenewableAdmin` and, on such a failure, have the next question go through a
 new client.
 """
@@ -28,8 +28,10 @@ _STALE = {KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
           KafkaError.NOT_LEADER_FOR_PARTITION}
 # at most one new client per this many seconds: every call times out while Kafka is away, and
 # each replaced client stays referenced for the member's life (a client destroyed with a
-# request in flight never completes it, and librdkafka may abort the process on its
-# "eonce->refcnt > 0" assertion)
+# request in flight never completes it). The "eonce->refcnt > 0" aborts once blamed on
+# dropping clients came from librdkafka's group calls of the admin client (a use-after-free
+# when the group's coordinator broker is lost mid-call, librdkafka #4605): no member asks them
+# through an admin client any more (group_leave.describe_group).
 _RENEW_AT_MOST_EVERY_S = 15.0
 
 

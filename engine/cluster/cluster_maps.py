@@ -419,6 +419,16 @@ class _Tailer:
             self._to_assign.append(view.topic)
 
     def _run(self) -> None:
+        try:
+            self._read()
+        finally:
+            # the consumer is this thread's: closed here, never under a call of it in flight
+            try:
+                self._consumer.close()
+            except Exception:  # noqa: BLE001 - closing regardless
+                log.debug("closing the maps' consumer failed", exc_info=True)
+
+    def _read(self) -> None:
         while not self._stop.is_set():
             try:
                 self._assign_new()
@@ -462,16 +472,14 @@ class _Tailer:
             raise
 
     def close(self) -> None:
+        """Stops the reader; its thread closes the consumer when its call in flight ends
+        (closing it here, under that call, could crash librdkafka)."""
         self._stop.set()
         self._thread.join(5)
         for view in self._views.values():
             with view.cond:
                 view.closed = True
                 view.cond.notify_all()
-        try:
-            self._consumer.close()
-        except Exception:  # noqa: BLE001 - closing regardless
-            log.debug("closing the maps' consumer failed", exc_info=True)
 
 
 # --- the maps and lists ---------------------------------------------------------------------

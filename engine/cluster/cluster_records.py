@@ -64,6 +64,9 @@ _CHUNK_SEPARATOR = "\x00"
 # reader starts again from the beginning.
 _DELETE_RETENTION_MS = 24 * 3600 * 1000
 _RESUME_AT_MOST_AFTER = 3600.0
+# list_offsets' answers while the client's metadata names no leader for the partition
+_NO_LEADER = {KafkaError._NOENT, KafkaError.LEADER_NOT_AVAILABLE,
+              KafkaError.NOT_LEADER_FOR_PARTITION}
 
 
 def records_topic(cluster: str) -> str:
@@ -271,11 +274,28 @@ class ClusterRecords:
         self.put_many([(key, value)], timeout)
 
     def _end_offset(self, isolation: IsolationLevel, timeout: float) -> int:
+        """The partition's end offset. librdkafka's ``list_offsets`` looks the partition's
+        leader up in the client's metadata cache only, and fails at once ("No leaders found")
+        while the cache says the partition has none, as it does from the moment its leader's
+        broker was lost: nothing in the admin client asks for the topic's metadata again, so
+        every later call failed the same way for minutes (a coordinator could not take over
+        after a broker was killed). On that answer the topic's metadata is read again, which
+        renews the cache, and the offset is asked once more."""
         tp = TopicPartition(self.topic, 0)
         admin = self._admin()
+
+        def ask() -> int:
+            return int(admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation,
+                                          request_timeout=timeout)[tp].result(timeout).offset)
         try:
-            return admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation,
-                                      request_timeout=timeout)[tp].result(timeout).offset
+            try:
+                return ask()
+            except KafkaException as e:
+                if not (e.args and isinstance(e.args[0], KafkaError)
+                        and e.args[0].code() in _NO_LEADER):
+                    raise
+                admin.list_topics(topic=self.topic, timeout=timeout)  # renews the leader
+                return ask()
         except Exception as e:
             self._admin_clients.failed(admin, e)
             raise

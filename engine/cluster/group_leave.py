@@ -1,5 +1,6 @@
-"""Removing one member from a Kafka consumer group at once: Kafka's LeaveGroup request, sent on
-behalf of a member whose process is gone.
+"""Kafka group requests written on a plain socket: removing one member from a consumer group
+at once (LeaveGroup, sent on behalf of a member whose process is gone), and describing the
+group (DescribeGroups: its consumers and the partitions each holds).
 
 Kafka drops a silent member only after its session timeout (6 s at the defaults, and a broker
 refuses a shorter one unless its ``group.min.session.timeout.ms`` is lowered). A member that
@@ -9,19 +10,32 @@ Kafka gave that consumer when it joined: a consumer started later, even with the
 member id, has another, and is never removed by it). Kafka's Java admin client calls this
 ``removeMembersFromConsumerGroup``; librdkafka has no such call, so the two requests it takes
 (FindCoordinator, then LeaveGroup v3) are written here on a plain socket.
+
+The group's description is asked the same way (FindCoordinator, then DescribeGroups v4), not
+through librdkafka's admin client: its group calls go to the group's coordinator broker, and
+when that broker goes away while a call is in flight (a broker killed or restarted),
+librdkafka 2.x uses the call's state after freeing it and aborts the whole process on its assertion
+``eonce->refcnt > 0`` (librdkafka issue #4605; the use-after-free in
+``rd_kafka_admin_coord_request``'s error path). A member asks for the group's description
+all the time (who is there, who coordinates), so on a plain socket a broker fault costs it
+one failed question, never the process; each question is a new connection, so no client is
+left with a stale view of the brokers either.
 """
 
 from __future__ import annotations
 
 import socket
 import struct
+import time
+from dataclasses import dataclass
 
 from jetwake.engine.core.errors import JetwakeError
 
-__all__ = ["remove_group_member", "GroupLeaveError"]
+__all__ = ["remove_group_member", "GroupLeaveError", "describe_group", "GroupMember"]
 
 _FIND_COORDINATOR = 10
 _LEAVE_GROUP = 13
+_DESCRIBE_GROUPS = 15
 _NONE = 0
 _UNKNOWN_MEMBER_ID = 25  # already gone: what was asked is done
 _RETRIABLE = {14, 15, 16}  # coordinator loading, not available, not the coordinator
@@ -58,6 +72,14 @@ class _Reader:
         self.pos += n
         return raw.decode()
 
+    def blob(self) -> bytes:
+        n = self.take(">i")
+        if n < 0:
+            return b""
+        raw = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return raw
+
 
 def _request(address: tuple[str, int], api_key: int, version: int, body: bytes,
              timeout: float) -> _Reader:
@@ -91,14 +113,15 @@ def _split(hostport: str) -> tuple[str, int]:
 
 def _group_coordinator(bootstrap_servers: str, group: str, timeout: float) -> tuple[str, int]:
     """The broker that keeps ``group`` (FindCoordinator v2), asked of each bootstrap server
-    in turn until one answers."""
+    in turn until one answers. Each gets its share of ``timeout`` (at least a second), so a
+    paused broker, which takes the connection but never answers, leaves time for the others."""
     last: Exception | None = None
-    for server in bootstrap_servers.split(","):
-        if not server.strip():
-            continue
+    servers = [s for s in bootstrap_servers.split(",") if s.strip()]
+    each = max(1.0, timeout / max(1, len(servers)))
+    for server in servers:
         try:
             r = _request(_split(server), _FIND_COORDINATOR, 2,
-                         _string(group) + struct.pack(">b", 0), timeout)
+                         _string(group) + struct.pack(">b", 0), each)
         except (OSError, ValueError, struct.error, GroupLeaveError) as e:
             last = e
             continue
@@ -149,3 +172,80 @@ def remove_group_member(bootstrap_servers: str, group: str, kafka_member_id: str
             break
     raise GroupLeaveError(f"Kafka did not remove member {kafka_member_id} from group "
                           f"'{group}': {last}")
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One consumer of a group as Kafka describes it: the member id Kafka gave it, its
+    ``client.id``, and the partitions assigned to it (``(topic, partition)``)."""
+
+    member_id: str
+    client_id: str
+    partitions: tuple[tuple[str, int], ...]
+
+
+def _assigned(assignment: bytes) -> tuple[tuple[str, int], ...]:
+    """The partitions of a consumer protocol assignment (every version starts with them)."""
+    if len(assignment) < 6:
+        return ()  # none yet: the group is rebalancing
+    r = _Reader(assignment)
+    r.take(">h")  # version
+    out = []
+    for _topic in range(r.take(">i")):
+        topic = r.string() or ""
+        for _p in range(r.take(">i")):
+            out.append((topic, r.take(">i")))
+    return tuple(out)
+
+
+def _describe_once(bootstrap_servers: str, group: str, body: bytes, timeout: float
+                   ) -> tuple[int, list[GroupMember]]:
+    """One DescribeGroups v4 of ``group``: Kafka's error code and the members."""
+    r = _request(_group_coordinator(bootstrap_servers, group, timeout), _DESCRIBE_GROUPS, 4,
+                 body, timeout)
+    r.take(">i")  # throttle time
+    if r.take(">i") != 1:
+        raise GroupLeaveError("Kafka described another number of groups than asked")
+    error = r.take(">h")
+    members: list[GroupMember] = []
+    if error != _NONE:
+        return error, members
+    r.string()  # group id
+    r.string()  # state
+    r.string()  # protocol type
+    r.string()  # protocol
+    for _m in range(r.take(">i")):
+        member_id = r.string() or ""
+        r.string()  # group instance id
+        client_id = r.string() or ""
+        r.string()  # client host
+        r.blob()  # subscription
+        members.append(GroupMember(member_id, client_id, _assigned(r.blob())))
+    return error, members
+
+
+def describe_group(bootstrap_servers: str, group: str, *, timeout: float = 10.0
+                   ) -> list[GroupMember]:
+    """The consumers of ``group`` now, with the partitions each holds (DescribeGroups v4 to
+    the group's coordinator broker). Retries a coordinator that is moving or loading, and a
+    broker that does not answer, until ``timeout``; then raises :class:`GroupLeaveError`."""
+    deadline = time.monotonic() + timeout
+    body = struct.pack(">i", 1) + _string(group) + struct.pack(">b", 0)
+    delay = 0.05
+    while True:
+        error = -1
+        try:
+            error, members = _describe_once(bootstrap_servers, group, body,
+                                            max(0.2, deadline - time.monotonic()))
+            last = f"Kafka error {error}"
+        except (OSError, struct.error, UnicodeDecodeError, GroupLeaveError) as e:
+            last = f"{e!r}"  # no broker answered this time
+        if error == _NONE:
+            return members
+        if error >= 0 and error not in _RETRIABLE:
+            raise GroupLeaveError(f"Kafka did not describe group '{group}': {last}")
+        if time.monotonic() + delay > deadline:
+            raise GroupLeaveError(f"Kafka did not describe group '{group}' within "
+                                  f"{timeout:.1f} s: {last}")
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)

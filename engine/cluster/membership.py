@@ -32,7 +32,7 @@ from confluent_kafka.admin import AdminClient
 from jetwake.connectors.kafka.client_log import with_client_log
 from jetwake.engine.cluster.admin_clients import RenewableAdmin
 from jetwake.engine.cluster.cluster_topics import create_topic, replication_for
-from jetwake.engine.cluster.group_leave import remove_group_member
+from jetwake.engine.cluster.group_leave import describe_group, remove_group_member
 from jetwake.engine.core.errors import JetwakeError
 
 __all__ = ["KafkaMembership", "MemberInfo", "CoordinatorFence", "FencedError",
@@ -269,22 +269,17 @@ class KafkaMembership:
         return sorted(out, key=lambda i: (not i.is_coordinator, i.id))
 
     def _group(self, timeout: float) -> list[tuple[MemberInfo, str]]:
-        """The group's jetwake members, each with the member id Kafka gave its consumer."""
-        gid = group_id(self.cluster)
-        admin = self._admin()
-        try:
-            desc = admin.describe_consumer_groups([gid])[gid].result(timeout)
-        except Exception as e:
-            self._admin_clients.failed(admin, e)
-            raise
+        """The group's jetwake members, each with the member id Kafka gave its consumer.
+        Asked on a plain socket (group_leave.py says why not through librdkafka's admin
+        client: a broker lost during the call can abort the process)."""
         out = []
-        for m in desc.members:
+        for m in describe_group(self.bootstrap_servers, group_id(self.cluster),
+                                timeout=timeout):
             if not m.client_id.startswith(_CLIENT_PREFIX):
                 continue
             _joined, _, rest = m.client_id[len(_CLIENT_PREFIX):].partition("/")
             member_id, _, address = rest.partition("/")
-            parts = m.assignment.topic_partitions if m.assignment else []
-            out.append((MemberInfo(member_id, address, any(tp.partition == 0 for tp in parts)),
+            out.append((MemberInfo(member_id, address, any(p == 0 for _, p in m.partitions)),
                         m.member_id))
         return out
 
