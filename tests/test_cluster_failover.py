@@ -44,7 +44,7 @@ def test_a_killed_member_s_job_goes_on_from_the_last_snapshot_on_the_survivors_e
     assert run.status(survivor)["status"] == "RUNNING"
     # the job went on before Kafka dropped the dead member; the cluster shows it gone soon
     wait_until(lambda: len(cluster.cluster(survivor)["members"]) == 2,
-               what="the cluster to show two members", timeout=30, interval=0.3)
+               what="the cluster to show two members", timeout=30, interval=0.1)
     run.assert_exactly_once()
 
 
@@ -58,7 +58,7 @@ def test_with_split_brain_protection_a_job_waits_without_a_quorum_and_resumes_wh
         if m is not coordinator:
             m.kill()
     wait_until(lambda: run.status(coordinator)["status"] == "NOT_RUNNING",
-               what="the job to stop without a quorum", timeout=60, interval=0.3)
+               what="the job to stop without a quorum", timeout=60, interval=0.1)
     assert "quorum of 2" in (run.status(coordinator)["failure"] or "")
     run.feed(500)
     cluster.start(1)  # two members again: a quorum
@@ -80,7 +80,7 @@ def test_without_auto_scaling_losing_a_member_suspends_the_job(
     other = next(m for m in members if m is not coordinator)
     other.kill()
     wait_until(lambda: job_status(cluster, coordinator, job["id"])["status"] == "SUSPENDED",
-               what="the job to be suspended", timeout=60, interval=0.3)
+               what="the job to be suspended", timeout=60, interval=0.1)
 
 
 def test_a_member_that_joins_is_used_after_the_scale_up_delay(
@@ -93,7 +93,7 @@ def test_a_member_that_joins_is_used_after_the_scale_up_delay(
     # with --scale-up-delay 1000)
     wait_until(lambda: any(m["address"] == newcomer.address and m["jobs"] >= 1
                            for m in cluster.cluster(newcomer)["members"]),
-               what="the new member to run its share of the job", timeout=60, interval=0.3)
+               what="the new member to run its share of the job", timeout=60, interval=0.1)
     assert run.status(coordinator)["restart_count"] >= 1
     run.feed(1000)
     run.wait_for_all("the sums on three members", 60)
@@ -126,13 +126,13 @@ def test_a_coordinator_paused_past_the_session_timeout_is_deposed_and_rejoins_as
                    what="another coordinator", timeout=60, interval=0.1)
         new = cluster.coordinator(via=other)
         wait_until(lambda: run.status(new)["status"] == "RUNNING",
-                   what="the job to run under the new coordinator", timeout=60, interval=0.3)
+                   what="the job to run under the new coordinator", timeout=60, interval=0.1)
     finally:
         old.proc.send_signal(signal.SIGCONT)
     wait_until(lambda: "is no longer the coordinator" in old.log, what="the old coordinator to "
-               "step down", timeout=60, interval=0.3)
+               "step down", timeout=60, interval=0.1)
     wait_until(lambda: len(cluster.cluster(new)["members"]) == 3, what="the old coordinator back "
-               "as a member", timeout=60, interval=0.3)
+               "as a member", timeout=60, interval=0.1)
     infos = [cluster.cluster(m) for m in members]
     assert {i["coordinator"] for i in infos} == {infos[0]["coordinator"]}
     run.feed(1000)

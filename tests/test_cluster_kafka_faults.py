@@ -65,7 +65,7 @@ def test_the_cluster_recovers_by_itself_when_its_broker_comes_back(
     try:
         # longer than the session timeout: every member's session is gone when it is back
         wait_until(lambda: all("lost its place in cluster" in m.log for m in members),
-                   what="every member to say that Kafka does not answer", timeout=60, interval=0.5)
+                   what="every member to say that Kafka does not answer", timeout=60, interval=0.1)
     finally:
         for pid in broker_pids:
             os.kill(pid, signal.SIGCONT)
@@ -77,10 +77,10 @@ def test_the_cluster_recovers_by_itself_when_its_broker_comes_back(
     out.close()
     # the job may finish its catching-up before the last member is back in the group
     wait_until(lambda: all("is back in cluster" in m.log for m in members),
-               what="every member to say it is back in the cluster", timeout=60, interval=0.3)
+               what="every member to say it is back in the cluster", timeout=60, interval=0.1)
     assert all(m.alive() for m in members)
     wait_until(lambda: len(cluster.cluster(members[1])["members"]) == 2,
-               what="the cluster to show both members", timeout=30, interval=0.3)
+               what="the cluster to show both members", timeout=30, interval=0.1)
     assert job_status(cluster, members[1], job["id"])["status"] == "RUNNING"
     assert len(out.records) == len(first) + len(second), "a record was written twice"
     assert by_key(out.records) == running_sums(first + second)

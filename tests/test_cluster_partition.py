@@ -224,14 +224,14 @@ def test_with_the_quorum_rule_a_coordinator_cut_off_steps_down_and_rejoins_as_a_
     net.cut(old.slot)
     new = wait_until(lambda: cluster.coordinator(via=other) not in (old, None)
                      and cluster.coordinator(via=other),
-                     what="another coordinator", timeout=30, interval=0.5)
+                     what="another coordinator", timeout=30, interval=0.1)
     produce_events(bootstrap, source, batches[1])
     wait_until(lambda: out.has(2000),
                what="the sums under the new coordinator", timeout=30, interval=0.2)
     assert _status(cluster, new, job["id"])["status"] == "RUNNING"
     wait_until(lambda: "is no longer the coordinator" in old.log,
                what="the cut-off coordinator to step down while still cut off", timeout=30,
-               interval=0.3)
+               interval=0.1)
 
     net.heal(old.slot)
     wait_until(lambda: _runs_share(cluster, other, old),
@@ -244,7 +244,7 @@ def test_with_the_quorum_rule_a_coordinator_cut_off_steps_down_and_rejoins_as_a_
     # (its join is a rebalance, during which the group shows no coordinator)
     wait_until(lambda: cluster.coordinator(via=other) is new,
                what="the coordinator to stay the new one, not the healed member", timeout=30,
-               interval=0.3)
+               interval=0.1)
     coordinators = {cluster.cluster(m)["coordinator"] for m in members}
     assert len(coordinators) == 1, f"the members disagree on the coordinator: {coordinators}"
 
@@ -280,7 +280,7 @@ def test_a_member_cut_off_from_its_peers_only_with_the_quorum_rule_on_and_off(
     view = wait_until(lambda: (v := _view(cluster, coordinator)).get(victim_host, {}).get(
         "state") == "UNREACHABLE" and v,
                       what="the coordinator to find the member unreachable", timeout=30,
-                      interval=0.5)
+                      interval=0.1)
     assert len(view) == 3, "Kafka should still count the member cut off from its peers only"
     produce_events(bootstrap, source, batches[1])
     wait_until(lambda: all(out.has(1200) for out in outs.values()),

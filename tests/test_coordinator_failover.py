@@ -74,11 +74,11 @@ def test_a_paused_coordinator_is_not_removed_as_dead_but_deposed_after_the_sessi
                    "paused coordinator", timeout=30, interval=0.2)
         wait_until(lambda: cluster.coordinator(via=others[0]) not in (old, None),
                    what="another coordinator after the session timeout", timeout=60,
-                   interval=0.3)
+                   interval=0.1)
     finally:
         old.proc.send_signal(signal.SIGCONT)
     wait_until(lambda: "is no longer the coordinator" in old.log,
-               what="the old coordinator to step down", timeout=60, interval=0.3)
+               what="the old coordinator to step down", timeout=60, interval=0.1)
     run.feed(1000)
     run.wait_for_all("the sums after the pause", 120)
     assert REMOVED not in _logs(members)
@@ -108,6 +108,6 @@ def test_a_member_restarted_on_the_killed_coordinator_s_peer_address_is_not_expe
     wait_until(lambda: any(m["address"] == again.address and m["jobs"] >= 1
                            for m in cluster.cluster(survivor)["members"]),
                what="the restarted member to run its share of the job", timeout=60,
-               interval=0.3)
+               interval=0.1)
     assert "lost its place" not in again.log and "joins again" not in again.log
     run.assert_exactly_once()

@@ -315,10 +315,8 @@ def test_a_server_that_does_not_answer_fails_the_job_naming_it(monkeypatch):
 # --- on a cluster and on Spark ------------------------------------------------------------
 
 @pytest.mark.kafka
-def test_two_members_split_the_read_and_give_every_row_once(postgres_database, tmp_path: Path,
-                                                            kafka_bootstrap: str):
-    from support.cluster_processes import ClusterProcesses
-
+def test_the_members_of_a_cluster_split_the_read_and_give_every_row_once(
+        postgres_database, tmp_path: Path, three):
     rows = [_row(i, i % 997) for i in range(4000)]
     _create(postgres_database, rows)
     out_dir = tmp_path / "out"
@@ -332,21 +330,16 @@ def test_two_members_split_the_read_and_give_every_row_once(postgres_database, t
         "partition_column='k'))\n"
         "    .map(lambda r: f\"{os.getpid()} {r['id']}\")\n"
         f"    .write_to(Sinks.files({str(out_dir)!r})))\n")
-    cluster = ClusterProcesses(tmp_path, kafka_bootstrap)
-    try:
-        cluster.start(2)
-        job = cluster.cli_json(cluster.members[0], "submit", str(job_file), "--name", "pg")
-        wait_until(lambda: cluster.status(cluster.members[1], job["id"])
-                   ["status"] in ("COMPLETED", "FAILED"), what="the job to end", timeout=60,
-                   interval=0.2)
-        status = cluster.status(cluster.members[1], job["id"])
-    finally:
-        cluster.stop_all()
+    job = three.cli_json(three.members[0], "submit", str(job_file), "--name", "pg")
+    wait_until(lambda: three.status(three.members[1], job["id"])
+               ["status"] in ("COMPLETED", "FAILED"), what="the job to end", timeout=60,
+               interval=0.05)
+    status = three.status(three.members[1], job["id"])
 
     assert status["status"] == "COMPLETED", status
     lines = [line.split() for f in out_dir.iterdir() for line in f.read_text().splitlines()]
     assert sorted(int(i) for _, i in lines) == list(range(4000))
-    assert len({pid for pid, _ in lines}) == 2  # both members read ranges
+    assert len({pid for pid, _ in lines}) == 3  # every member read ranges
 
 
 @pytest.mark.spark

@@ -174,7 +174,7 @@ def standalone_cluster(tmp_path):
         except (OSError, ValueError):  # not up yet, or a page that is not the status yet
             return False
     try:
-        wait_until(workers_registered, timeout=90, interval=0.5,
+        wait_until(workers_registered, timeout=90, interval=0.1,
                    what=lambda: "the standalone cluster to start: "
                    + (tmp_path / "master.log").read_text()[-2000:])
         yield master
