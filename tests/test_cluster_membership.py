@@ -85,6 +85,34 @@ def test_a_deposed_coordinator_can_write_nothing(cluster, kafka_topic):
     new.close()
 
 
+def test_a_fenced_write_tells_its_member_before_failing(cluster, kafka_topic):
+    topic = kafka_topic()
+    told: list[str] = []
+    old = CoordinatorFence(cluster.bootstrap, cluster.name, on_fenced=told.append)
+    new = CoordinatorFence(cluster.bootstrap, cluster.name)
+    with pytest.raises(FencedError):
+        old.write([(topic, b"k", b"late")])
+    assert len(told) == 1 and "no longer the coordinator" in told[0]
+    old.close()
+    new.close()
+
+
+def test_a_deposed_coordinator_steps_down_and_rejoins_as_the_youngest(cluster):
+    # two members both believing they coordinate (seen after a simultaneous start under load):
+    # the one fenced by the other gives the role up, whatever the group last told it
+    members = [cluster(f"m{i}") for i in range(2)]
+    wait_until(lambda: len(_coordinators(members)) == 1, what="one coordinator")
+    wait_until(lambda: len(members[0].members()) == 2, what="two members in the group")
+    first = next(m for m in members if m.is_coordinator)
+    other = next(m for m in members if m is not first)
+    first.deposed("fenced by a newer coordinator (test)")
+    assert not first.is_coordinator
+    wait_until(lambda: other.is_coordinator, what="the other member coordinating", timeout=30)
+    wait_until(lambda: {i.id for i in other.members()} == {"m0", "m1"},
+               what="the deposed member back in the group", timeout=30)
+    assert not first.is_coordinator  # it joined as the youngest: no role by age
+
+
 def test_a_bad_cluster_name_is_refused_naming_the_rule(kafka_bootstrap):
     with pytest.raises(ValueError, match="cluster name"):
         KafkaMembership(kafka_bootstrap, "no spaces allowed", "m0", "127.0.0.1:1")

@@ -20,7 +20,7 @@ class Records:
         self.failures = failures
         self.calls = 0
 
-    def open_writer(self) -> None:
+    def open_writer(self, on_fenced=None) -> None:
         self.calls += 1
         if self.calls <= self.failures:
             raise TimeoutError()
@@ -53,7 +53,7 @@ def test_a_member_that_loses_the_role_while_retrying_stops_trying():
     place = _place(Records(failures=100))
     role = CoordinatorRole(place)  # type: ignore[arg-type]
 
-    def fail_and_lose_the_role() -> None:
+    def fail_and_lose_the_role(on_fenced=None) -> None:
         place.records.calls += 1
         place.membership.is_coordinator = False  # Kafka moved partition 0 on meanwhile
         raise TimeoutError()

@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
@@ -203,17 +203,19 @@ class ClusterRecords:
         to exist and others, have a single replica."""
         warn_if_single_replica(self._admin(), self.cluster, known, timeout)
 
-    def open_writer(self, timeout: float = 30.0) -> None:
+    def open_writer(self, timeout: float = 30.0,
+                    on_fenced: Callable[[str], None] | None = None) -> None:
         """Makes this object the coordinator's writer: initializes the cluster's fenced
         producer, which fences every older coordinator (their next :meth:`put_many` raises
-        FencedError), then reads the topic to the end, so that it knows which chunk records
-        earlier values left behind."""
+        FencedError, after calling their ``on_fenced``), then reads the topic to the end, so
+        that it knows which chunk records earlier values left behind."""
         self._check_open()
         with self._write_lock:
             if self._fence is not None:
                 self._fence.close()
                 self._fence = None
-            self._fence = CoordinatorFence(self.bootstrap_servers, self.cluster, timeout)
+            self._fence = CoordinatorFence(self.bootstrap_servers, self.cluster, timeout,
+                                           on_fenced)
         self.read_all(timeout)
         with self._read_lock, self._write_lock:
             in_use: dict[str, int] = {}

@@ -121,7 +121,7 @@ class CoordinatorRole:
             # long as it holds the role; giving up left the cluster without a coordinator
             while True:
                 try:
-                    place.records.open_writer()
+                    place.records.open_writer(on_fenced=self.fenced)
                     break
                 except Exception as e:  # noqa: BLE001 - tried again while the role is ours
                     if place.detector.stopped:
@@ -142,6 +142,18 @@ class CoordinatorRole:
             except Exception:  # noqa: BLE001 - the member goes on, the log says why
                 log.exception("member %s could not resume the cluster's jobs", place.member_id)
             self._took_over.set()
+
+    def fenced(self, why: str) -> None:
+        """A newer coordinator fenced this member's writes (the fenced producer's callback):
+        whatever the group last told this member, another one coordinates now. It stops
+        coordinating and joins the group again as its youngest member, so that it cannot hold
+        partition 0 against the member that fenced it (two members starting together on a
+        loaded machine once both coordinated, and the fenced one never stepped down)."""
+        membership = self.place.membership
+        log.warning("member %s was fenced by a newer coordinator of cluster '%s' (%s): it "
+                    "steps down", self.place.member_id, self.place.cluster_name, why)
+        if membership is not None:
+            membership.deposed(why)
 
     def member_leaving(self, member_id: str) -> int:
         """On the coordinator: ``member_id`` is shutting down gracefully. Every running job it

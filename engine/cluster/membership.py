@@ -107,6 +107,7 @@ class KafkaMembership:
         self._unreachable_since: float | None = None
         self._was_lost = False
         self._rejoin_on_lost = False
+        self._rejoin_reason = "Kafka expelled it"
 
     @property
     def is_coordinator(self) -> bool:
@@ -186,7 +187,7 @@ class KafkaMembership:
             if (now - last > self.session_timeout_ms / 1000 or expelled) \
                     and not self._stopping.is_set():
                 self._rejoin_on_lost = False
-                self._rejoin("Kafka expelled it" if expelled else
+                self._rejoin(self._rejoin_reason if expelled else
                              f"it was silent for {now - last:.1f} s, longer than the session "
                              "timeout")
                 now = time.monotonic()
@@ -246,11 +247,20 @@ class KafkaMembership:
         self._was_lost = True
         # joining again with the same client id would make it the oldest again: it joins
         # as a new member (from the membership loop, not inside the client's callback)
+        self._rejoin_reason = "Kafka expelled it"
         self._rejoin_on_lost = True
         log.warning("member %s lost its place in cluster '%s': Kafka expelled it (it did "
                     "not hear from it within the session timeout, %d ms, or another member "
                     "found its peer address refusing connections); it joins again when Kafka "
                     "answers", self.member_id, self.cluster, self.session_timeout_ms)
+        self._set_coordinator(False)
+
+    def deposed(self, why: str) -> None:
+        """A newer coordinator fenced this member's writes: it is not the coordinator,
+        whatever the group's last assignment said, and joins the group again as its youngest
+        member (from the membership loop), giving partition 0 up to the older members."""
+        self._rejoin_reason = f"a newer coordinator fenced it: {why}"
+        self._rejoin_on_lost = True
         self._set_coordinator(False)
 
     def _set_coordinator(self, value: bool) -> None:
@@ -318,13 +328,22 @@ _UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError.
                 KafkaError._RESOLVE, KafkaError._MSG_TIMED_OUT}
 
 
+def _fenced(err: Any) -> bool:
+    """Whether a transactional producer's error means a newer holder of its id fenced it."""
+    return err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                                         KafkaError.INVALID_PRODUCER_EPOCH)
+
+
 class CoordinatorFence:
     """Writes of the coordinator, fenced: one transactional producer with the cluster's fixed
     ``transactional.id``. Initializing it fences every earlier holder; a fenced coordinator's
-    :meth:`write` raises :class:`FencedError` and commits nothing."""
+    :meth:`write` raises :class:`FencedError`, commits nothing, and first calls ``on_fenced``
+    (the member then stops acting as the coordinator, whatever its view of the group says)."""
 
-    def __init__(self, bootstrap_servers: str, cluster: str, timeout: float = 30.0) -> None:
+    def __init__(self, bootstrap_servers: str, cluster: str, timeout: float = 30.0,
+                 on_fenced: Callable[[str], None] | None = None) -> None:
         self.cluster = check_cluster_name(cluster)
+        self.on_fenced = on_fenced
         self._producer = Producer(with_client_log({
             "bootstrap.servers": bootstrap_servers,
             "transactional.id": f"jetwake-{self.cluster}-coordinator",
@@ -339,22 +358,50 @@ class CoordinatorFence:
         a newer coordinator has taken over."""
         with self._lock:
             p = self._producer
+            deadline = time.monotonic() + timeout
             try:
-                p.begin_transaction()
+                self._begin(p, timeout)
                 for topic, key, value in records:
                     p.produce(topic, key=key, value=value)
-                p.commit_transaction(timeout)
+                # a commit that timed out or met a retriable error is still in progress:
+                # librdkafka wants the same call again (anything else gets "_CONFLICT")
+                while True:
+                    try:
+                        p.commit_transaction(max(0.1, deadline - time.monotonic()))
+                        return
+                    except KafkaException as e:
+                        err = e.args[0]
+                        if not err.retriable() or err.fatal() or time.monotonic() >= deadline:
+                            raise
             except KafkaException as e:
                 err = e.args[0]
-                if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                                  KafkaError.INVALID_PRODUCER_EPOCH) or err.fatal():
-                    raise FencedError(f"this member is no longer the coordinator of cluster "
-                                      f"'{self.cluster}': {err.str()}") from e
+                if _fenced(err):
+                    raise self._fenced_error(err) from e
                 try:
                     p.abort_transaction(timeout)
-                except KafkaException:
-                    pass
+                except KafkaException as abort_failed:
+                    if _fenced(abort_failed.args[0]):
+                        raise self._fenced_error(abort_failed.args[0]) from e
                 raise
+
+    def _begin(self, p: Any, timeout: float) -> None:
+        """Begins a transaction; one left unfinished by an earlier write (its commit or abort
+        timed out) is aborted first."""
+        try:
+            p.begin_transaction()
+        except KafkaException as e:
+            if e.args[0].fatal() or e.args[0].code() not in (KafkaError._CONFLICT,
+                                                             KafkaError._STATE):
+                raise
+            p.abort_transaction(timeout)
+            p.begin_transaction()
+
+    def _fenced_error(self, err: Any) -> "FencedError":
+        message = (f"this member is no longer the coordinator of cluster '{self.cluster}': "
+                   f"{err.str()}")
+        if self.on_fenced is not None:
+            self.on_fenced(message)
+        return FencedError(message)
 
     def close(self) -> None:
         try:
