@@ -430,13 +430,13 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
             for tp in ends:
                 self.et.reached_end(tp)
 
-    def _project_all(self, msgs: list, tss: list) -> list:
+    def _project_all(self, msgs: list, tss: list | None) -> list:
         """``projection(record)`` of each message: the columns are read and deserialized one
         C-level map each (as without a projection) and the records made by C code
         (serde.KafkaRecord), so the only Python step per record is the projection itself."""
         from confluent_kafka import Message
 
-        assert self.projection is not None  # called only with a projection
+        assert self.projection is not None and tss is not None  # read for the records
         keys = deserialize_all(self.kd, list(map(Message.key, msgs)))
         values = deserialize_all(self.vd, list(map(Message.value, msgs)))
         records = map(KafkaRecord, map(Message.topic, msgs), map(Message.partition, msgs),
