@@ -15,6 +15,12 @@ job's snapshots.
 - Records are consumed in batches (``consume(num_messages, timeout=0)``) and emitted as one
   chunk of ``(timestamp, item)`` pairs: the pipeline unwraps them unless
   ``with_native_timestamps`` uses the record timestamps as event time.
+- A chunk is read a column at a time, by C code: the deserializers map over the keys and the
+  values (serde.deserialize_all), a projection's records are made by ``KafkaRecord`` (a msgspec
+  Struct) over the columns, and a projection ``operator.attrgetter(field)`` (``"value"``,
+  ``"key"``, ...) is that field's column, with no record made at all: then nothing in the
+  source calls Python per record. The record timestamps are read only when the items carry
+  them or a projection's records need them.
 - A ``with_timestamps(fn, lag)`` or ``with_native_timestamps(lag)`` stage right after the
   source runs inside it (``PartitionedSource``): each partition's records go through the
   timestamp function and the watermark policy on their own, the source emits the lowest
