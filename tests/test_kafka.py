@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 import uuid
+from operator import attrgetter
 
 import msgpack
 import pytest
@@ -20,7 +21,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from jetwake import JobConfig, JobStatus, Member, Pipeline, Sinks, Sources
 from jetwake.connectors.kafka.properties import KafkaConfigError
 from jetwake.connectors.kafka.sink import check_transaction_timeout
-from jetwake.connectors.kafka.source import owner_of_partition
+from jetwake.connectors.kafka.source import owner_of_partition, projection_column
 
 from support.kafka_job import Proc, Reader, check_exactly_once, produce
 from support.restores import restored_snapshots, wait_for_a_new_snapshot
@@ -77,7 +78,38 @@ def test_jet_partition_assignment_formula():
     assert [owner_of_partition(1, p, 2, 4) for p in range(3)] == [2, 3, 0]
 
 
+def test_only_an_attrgetter_of_one_record_field_is_read_as_a_column():
+    assert [projection_column(attrgetter(f)) for f in ("value", "key", "offset", "headers")] \
+        == ["value", "key", "offset", "headers"]
+    for other in (attrgetter("value.n"), attrgetter("key", "value"), attrgetter("nope"),
+                  lambda r: r.value, None):
+        assert projection_column(other) is None
+
+
 # --- with the broker -------------------------------------------------------------------------
+
+def test_a_projection_of_one_field_gives_that_field_of_each_record(kafka_bootstrap,
+                                                                   kafka_topic):
+    tin, tout = kafka_topic(partitions=2), kafka_topic()
+    props = {"bootstrap.servers": kafka_bootstrap}
+    p = Producer(props)
+    for i in range(20):
+        p.produce(tin, key=str(i).encode(), value=json.dumps({"n": i}).encode())
+    p.flush()
+    pl = Pipeline()
+    values = pl.read_from(Sources.kafka(tin, props, value_deserializer="json",
+                                        projection=attrgetter("value")))
+    keys = pl.read_from(Sources.kafka(tin, props, key_deserializer="str",
+                                      projection=attrgetter("key")))
+    values.map(lambda v: ["value", v["n"]]).merge(keys.map(lambda k: ["key", int(k)])) \
+        .write_to(Sinks.kafka(tout, props, value_serializer="json"))
+    with Member() as m:
+        job = m.new_job(pl)
+        out = read_all(kafka_bootstrap, tout, 40)
+        job.cancel()
+    assert sorted(json.loads(m.value()) for m in out) == \
+        sorted([kind, i] for kind in ("key", "value") for i in range(20))
+
 
 def test_formats_projection_and_start(kafka_bootstrap, kafka_topic, caplog):
     caplog.set_level(logging.DEBUG, logger="jetwake.kafka")

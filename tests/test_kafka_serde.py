@@ -74,10 +74,29 @@ def test_the_sink_splits_pairs_into_keys_and_values_and_writes_other_items_as_va
     items = [("k1", 1), (1, 2, 3), [4, 5]]
     assert fmt.keys_and_values(items) == ([b"k1", None, None], [b"1", b"[1,2,3]", b"[4,5]"])
     assert fmt.serialize([("k", 1)]) == [[b"k", b"1"]]
+    assert fmt.keys_and_values([{"a": 1}, {"b": 2}]) == ([None, None], [b'{"a":1}', b'{"b":2}'])
     with_fns = KafkaRecordFormat("t", {"bootstrap.servers": "x:1"}, {}, lambda x: x["id"],
                                  None, make_serializer("str", "k"),
                                  make_serializer("json", "v"))
     assert with_fns.keys_and_values([{"id": 7}]) == ([b"7"], [b'{"id":7}'])
+
+
+def test_the_sink_produces_until_the_producer_queue_is_full_and_says_where_it_stopped():
+    from confluent_kafka import Producer
+
+    fmt = KafkaRecordFormat("t", {"bootstrap.servers": "127.0.0.1:1"}, {}, None, None,
+                            make_serializer(None, "k"), make_serializer(None, "v"))
+    # nothing answers on port 1: the records stay in the producer's queue of 5
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "queue.buffering.max.messages": 5,
+                         "log_level": 0})
+    keys, values = [b"k%d" % i for i in range(12)], [b"v%d" % i for i in range(12)]
+    assert fmt.produce_columns(producer, keys, values[:3]) == 3
+    assert fmt.produce_columns(producer, keys, values, start=3) == 5  # two more fit
+    assert fmt.produce_columns(producer, keys, values, start=5) == 5
+    assert len(producer) == 5
+    producer.purge()
+    producer.poll(0)  # the purged records leave the queue
+    assert fmt.produce_columns(producer, keys, values, start=5) == 10
 
 
 def test_the_source_refetches_after_10_ms_unless_the_properties_say_otherwise():

@@ -15,6 +15,12 @@ job's snapshots.
 - Records are consumed in batches (``consume(num_messages, timeout=0)``) and emitted as one
   chunk of ``(timestamp, item)`` pairs: the pipeline unwraps them unless
   ``with_native_timestamps`` uses the record timestamps as event time.
+- A chunk is read a column at a time, by C code: the deserializers map over the keys and the
+  values (serde.deserialize_all), a projection's records are made by ``KafkaRecord`` (a msgspec
+  Struct) over the columns, and a projection ``operator.attrgetter(field)`` (``"value"``,
+  ``"key"``, ...) is that field's column, with no record made at all: then nothing in the
+  source calls Python per record. The record timestamps are read only when the items carry
+  them or a projection's records need them.
 - A ``with_timestamps(fn, lag)`` or ``with_native_timestamps(lag)`` stage right after the
   source runs inside it (``PartitionedSource``): each partition's records go through the
   timestamp function and the watermark policy on their own, the source emits the lowest
@@ -40,14 +46,14 @@ import logging
 import threading
 import time
 from itertools import groupby
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Callable, Sequence
 
 from jetwake.engine.core.errors import JetwakeError, RestartableError
 from jetwake.engine.core.partitioning import owner_of_partition
 from jetwake.engine.core.processor import BroadcastKey, Inbox, Processor, ProcessorContext
 from jetwake.engine.processors.source_event_time import PartitionedSource, SourceEventTime
-from jetwake.connectors.kafka.serde import KafkaRecord, deserialize_all
+from jetwake.connectors.kafka.serde import RECORD_FIELDS, KafkaRecord, deserialize_all
 from jetwake.connectors.kafka.client_log import with_client_log
 from jetwake.connectors.kafka import reachability
 
@@ -148,6 +154,8 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
         self.vd = value_deserializer
         self.start = start
         self.projection = projection
+        # a projection operator.attrgetter(field) is that field's column, read without records
+        self.column = projection_column(projection)
         self.on_error = on_error
         self.dead_letter_topic = dead_letter_topic
         self.consumer: Any = None
@@ -382,9 +390,16 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
                 self._reached_ends(ends)
                 return
         reachability.answered(self.servers)
-        tss = list(map(_ts, map(Message.timestamp, msgs)))
+        et = self.et
+        # the items travel with their record timestamps unless a timestamp function reads them
+        native = et is None or et.spec.timestamp_fn is None
+        tss: list | None = None
+        if native or (self.projection is not None and self.column in (None, "timestamp")):
+            tss = list(map(_ts, map(Message.timestamp, msgs)))
         try:
-            if self.projection is not None:
+            if self.column is not None:
+                items = _read_column(self.column, msgs, tss, self.kd, self.vd)
+            elif self.projection is not None:
                 items = self._project_all(msgs, tss)
             else:
                 # one C-level map per column for the built-in formats (serde.deserialize_all)
@@ -396,12 +411,10 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
         if not items:
             self._reached_ends(ends)
             return
-        et = self.et
         if et is None:
-            self.outbox.offer_chunk(-1, list(zip(tss, items)))
+            self.outbox.offer_chunk(-1, list(zip(tss, items)))  # type: ignore[arg-type]
             return
         # each partition's run of records through its own event time, in offset order
-        native = et.spec.timestamp_fn is None
         one_topic = len(self.topics) == 1
         t0 = self.topics[0]
         # runs of one partition, found and measured in C (no Python step per record)
@@ -412,8 +425,8 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
         for key, run in groupby(keys):
             end = start + len(list(run))
             runs.append(((t0, key) if one_topic else key,
-                         list(zip(tss[start:end], items[start:end])) if native
-                         else items[start:end]))
+                         list(zip(tss[start:end], items[start:end]))  # type: ignore[index]
+                         if native else items[start:end]))
             start = end
         et.add_batch(runs, time.monotonic())
         self._reached_ends(ends)
@@ -423,18 +436,18 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
             for tp in ends:
                 self.et.reached_end(tp)
 
-    def _project_all(self, msgs: list, tss: list) -> list:
+    def _project_all(self, msgs: list, tss: list | None) -> list:
         """``projection(record)`` of each message: the columns are read and deserialized one
-        C-level map each (as without a projection), so the only Python steps per record are
-        the record's making and the projection itself."""
+        C-level map each (as without a projection) and the records made by C code
+        (serde.KafkaRecord), so the only Python step per record is the projection itself."""
         from confluent_kafka import Message
 
-        assert self.projection is not None  # called only with a projection
+        assert self.projection is not None and tss is not None  # read for the records
         keys = deserialize_all(self.kd, list(map(Message.key, msgs)))
         values = deserialize_all(self.vd, list(map(Message.value, msgs)))
         records = map(KafkaRecord, map(Message.topic, msgs), map(Message.partition, msgs),
                       map(Message.offset, msgs), tss, keys, values,
-                      map(_headers, map(Message.headers, msgs)))
+                      [h or [] for h in map(Message.headers, msgs)])
         return list(map(self.projection, records))
 
     def _project(self, m: Any) -> Any:
@@ -660,5 +673,29 @@ def _short(b: Any, n: int = 60) -> str:
     return r if len(r) <= n else r[:n - 3] + "..."
 
 
-def _headers(headers: Any) -> list:
-    return headers or []
+def projection_column(projection: Any) -> str | None:
+    """The field of :class:`KafkaRecord` a projection ``operator.attrgetter(field)`` reads
+    (None for any other projection): the source then takes that column of the chunk as its
+    items, without making a record or calling anything per record."""
+    if type(projection) is attrgetter:
+        args = projection.__reduce__()[1]
+        if len(args) == 1 and args[0] in RECORD_FIELDS:
+            return str(args[0])
+    return None
+
+
+def _read_column(column: str, msgs: list, tss: list | None, kd: Callable | None,
+                 vd: Callable | None) -> list:
+    """One column of a chunk of messages, deserialized as a record's would be."""
+    from confluent_kafka import Message
+
+    if column == "value":
+        return deserialize_all(vd, list(map(Message.value, msgs)))
+    if column == "key":
+        return deserialize_all(kd, list(map(Message.key, msgs)))
+    if column == "timestamp":
+        assert tss is not None  # read for this column
+        return list(tss)
+    if column == "headers":
+        return [h or [] for h in map(Message.headers, msgs)]
+    return list(map(getattr(Message, column), msgs))  # topic, partition, offset

@@ -53,15 +53,34 @@ _KINDS: dict[str, Callable[[Callable[[Any], Any]], Callable[[list[Any]], list[An
 }
 
 
+# the same on timestamped values, ``(timestamp, item)``: ``fn`` sees the item and its results
+# keep the item's timestamp; written out rather than composed with an adapter
+# (``event_time.adapt_to_timestamped``), which would add a Python call per item (about 10 ns
+# of the 70 a filter costs an item)
+def _map_timestamped(fn: Callable[[Any], Any]) -> Callable[[list[Any]], list[Any]]:
+    return lambda values: [(v[0], y) for v in values for y in [fn(v[1])] if y is not None]
+
+
+def _filter_timestamped(fn: Callable[[Any], Any]) -> Callable[[list[Any]], list[Any]]:
+    return lambda values: [v for v in values if fn(v[1])]
+
+
+_KINDS_TIMESTAMPED: dict[str, Callable[[Callable[[Any], Any]],
+                                       Callable[[list[Any]], list[Any]]]] = {
+    "map": _map_timestamped, "filter": _filter_timestamped,
+    "flat_map": lambda fn: _flat_map(adapt_to_timestamped("flat_map", fn)),
+}
+
+
 def stateless_function(kind: str, fn: Callable[[Any], Any],
                        timestamped: bool = False) -> Callable[[list[Any]], list[Any]]:
     """The function over a chunk of a stateless stage of ``kind`` with user function ``fn``;
     ``timestamped``: the chunk holds timestamped values, which keep their timestamps."""
-    make = _KINDS.get(kind)
+    make = (_KINDS_TIMESTAMPED if timestamped else _KINDS).get(kind)
     if make is None:
         raise ValueError(f"unknown stateless stage kind {kind!r}: expected one of "
                          f"{sorted(_KINDS)}")
-    return make(adapt_to_timestamped(kind, fn) if timestamped else fn)
+    return make(fn)
 
 
 # --- fused chains ------------------------------------------------------------------------------
