@@ -310,7 +310,7 @@ class Producer(threading.Thread):
         self.topic = topic
         self.rate = rate
         self.stop = threading.Event()
-        self.acked: list[tuple[int, int, str, int]] = []
+        self.acked: list[tuple[int, int, str, int]] = []  # partition, ack order, key, value
         self.failed: list[str] = []
         self.sent = 0
 
@@ -318,7 +318,10 @@ class Producer(threading.Thread):
         if err is not None:
             self.failed.append(str(err))
         else:
-            self.acked.append((msg.partition(), msg.offset(), msg.key().decode(),
+            # ordered by when acknowledged, not by offset: a retried batch the broker had
+            # already written comes back as a duplicate, acknowledged with no offset; the
+            # idempotent producer acknowledges each partition's records in their order
+            self.acked.append((msg.partition(), len(self.acked), msg.key().decode(),
                                json.loads(msg.value())))
 
     def run(self) -> None:
