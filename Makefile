@@ -90,9 +90,15 @@ demo-backfill: $(BASE_STAMP)
 	$(PY) examples/backfill_word_count.py
 
 # --durations=30: every run's log ends with its 30 slowest tests (and fixtures' set-ups), so
-# that what takes the suite's time is seen where it grows
+# that what takes the suite's time is seen where it grows.
+# -n $(TEST_WORKERS) --dist loadfile (pytest-xdist): the suite mostly waits (on Kafka, member
+# processes, session timeouts), so two workers share two cores. A test module runs whole on one
+# worker (its module fixtures, a broker or network of its own, are made once); each worker makes
+# its own session fixtures (broker, PostgreSQL, Spark session, shared cluster) on free ports.
+# `make test TEST_WORKERS=0` runs the suite in one process.
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP) browser postgres
-	$(PY) -m pytest tests --durations=30
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 test-unit: $(TEST_STAMP)
 	$(PY) -m pytest tests -m "not integration"
