@@ -37,6 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.kafka_spec import write_report
+# the queries' constants, shared with jetwake's queries (the peers' modules read them here)
+from bench.nexmark.constants import (
+    AUCTION_MODULUS, EURO_MILLS, Q5_SIZE_MS, Q5_SLIDE_MS, Q7_SIZE_MS, Q11_GAP_MS,
+)
 from bench.nexmark.events import BID_TOPIC
 from bench.nexmark.kafka_input import is_end_marker
 
@@ -50,13 +54,8 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
 # every query a peer runs reads the bids only (input_events counts bids)
 READS = BID_TOPIC
 
-# --- the queries' constants and output records, shared by both peers ---------------------------
+# --- the queries' output records, shared by both peers ------------------------------------------
 
-EURO_MILLS = 908            # q1: 0.908 euros to the dollar
-AUCTION_MODULUS = 123       # q2: auction % 123 == 0
-Q5_SIZE_MS, Q5_SLIDE_MS = 10_000, 2_000
-Q7_SIZE_MS = 10_000
-Q11_GAP_MS = 10_000
 # the event-time disorder each peer's windows wait for before closing (Quix: grace_ms; Bytewax:
 # the EventClock's wait_for_system_duration). Besides the generator's own disorder, a peer reads
 # the topic's partitions in turns, which disorders the bids it sees by up to a few fetches.

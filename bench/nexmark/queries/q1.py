@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from bench.nexmark.constants import EURO_MILLS
 from bench.nexmark.generator import Event
 from bench.nexmark.queries import NexmarkInputs, Query
 from jetwake.engine.pipeline.pipeline import Stage
@@ -19,7 +20,7 @@ from jetwake.engine.pipeline.pipeline import Stage
 
 def euros(price: int) -> float:
     """``0.908 * price`` as Flink's DECIMAL result, as the nearest float."""
-    return price * 908 / 1000
+    return price * EURO_MILLS / 1000
 
 
 def convert(bid: Any) -> dict:

@@ -18,10 +18,11 @@ from jetwake import AggregateOperations as ops
 from jetwake import WindowDefinition
 from jetwake.engine.pipeline.pipeline import Stage
 
+from bench.nexmark.constants import Q11_GAP_MS
 from bench.nexmark.generator import Event
 from bench.nexmark.queries import NexmarkInputs, Query
 
-GAP_MS = 10_000
+GAP_MS = Q11_GAP_MS
 
 
 def _bidder(bid: Any) -> int:

@@ -9,11 +9,10 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from bench.nexmark.constants import AUCTION_MODULUS as MODULUS
 from bench.nexmark.generator import Event
 from bench.nexmark.queries import NexmarkInputs, Query
 from jetwake.engine.pipeline.pipeline import Stage
-
-MODULUS = 123
 
 
 def selected(bid: Any) -> bool:

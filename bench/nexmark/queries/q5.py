@@ -20,10 +20,11 @@ from typing import Any, Callable
 from jetwake import AggregateOperation, WindowDefinition
 from jetwake.engine.pipeline.pipeline import Stage
 
+from bench.nexmark.constants import Q5_SIZE_MS, Q5_SLIDE_MS
 from bench.nexmark.generator import Event
 from bench.nexmark.queries import NexmarkInputs, Query
 
-SIZE_MS, SLIDE_MS = 10_000, 2_000
+SIZE_MS, SLIDE_MS = Q5_SIZE_MS, Q5_SLIDE_MS
 
 _MISSING = object()
 

@@ -20,11 +20,12 @@ from typing import Any
 from jetwake import AggregateOperation, WindowDefinition
 from jetwake.engine.pipeline.pipeline import Stage
 
+from bench.nexmark.constants import Q7_SIZE_MS
 from bench.nexmark.generator import Event
 from bench.nexmark.queries import NexmarkInputs, Query
 from bench.nexmark.queries.q5 import BatchedOperation
 
-SIZE_MS = 10_000
+SIZE_MS = Q7_SIZE_MS
 
 _price = itemgetter("price")
 
