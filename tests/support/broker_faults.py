@@ -22,6 +22,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from bench.chaos.checker import running_states  # the chaos run's check of the same job
 from jetwake import Pipeline, Sinks, Sources
 from support.kafka_broker import _kafka_local
 from support.waiting import wait_until
@@ -303,13 +304,3 @@ def running_state_pipeline(bootstrap: str, source: str, sink: str) -> Pipeline:
     return pipeline
 
 
-def running_states(events: list[tuple[str, int]]) -> dict[str, list[list[int]]]:
-    """The job's output key by key: the running ``[sum, count]`` after each event."""
-    out: dict[str, list[list[int]]] = {}
-    state: dict[str, list[int]] = {}
-    for k, v in events:
-        s = state.setdefault(k, [0, 0])
-        s[0] += v
-        s[1] += 1
-        out.setdefault(k, []).append(list(s))
-    return out
