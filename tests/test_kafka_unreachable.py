@@ -83,3 +83,41 @@ def test_kafka_jobs_whose_brokers_are_gone_for_good_fail_soon_after_the_bound(
     # the clock started when the broker went, not at the jobs' later restarts or retries
     assert all(after >= BOUND_MS / 1000 for after in failed_after.values()), failed_after
     assert all(after < 20 for after in failed_after.values()), failed_after
+
+
+def test_a_cluster_whose_brokers_are_gone_for_good_says_so_to_a_client(tmp_path: Path) -> None:
+    """On a cluster the membership and the jobs' records live on the same brokers: once they
+    are gone for good no member coordinates, and a client asking for a job's status is told
+    that Kafka does not answer and where, instead of a bare connection error or a wait with
+    no end."""
+    from jetwake.engine.cluster.member_calls import COORDINATOR_WAIT_S
+    from support.cluster_processes import ClusterProcesses
+
+    with private_broker(("in", "out")) as (kl, port, bootstrap):
+        producer = Producer({"bootstrap.servers": bootstrap})
+        for i in range(50):
+            producer.produce("in", key=f"k{i % 5}", value=json.dumps(i))
+        producer.flush(30)
+        bounded = {"bootstrap.servers": bootstrap, "jetwake.unreachable.timeout.ms": BOUND_MS}
+        cluster = ClusterProcesses(tmp_path, bootstrap)
+        try:
+            members = cluster.start(2)
+            with members[0].client() as client:
+                job = client.new_job(_reads_and_writes(bootstrap, bounded),
+                                     JobConfig(name="reads", processing_guarantee="exactly_once",
+                                               snapshot_interval_ms=200))
+                wait_until(lambda: _metric(job, "records_out") >= 50, timeout=60,
+                           interval=0.1, what="the job writing to Kafka")
+                kl.stop_broker(port)
+                assert not kl.broker_ready(bootstrap, 1), "the broker still answers"
+                asked = time.monotonic()
+                with pytest.raises(Exception) as told:
+                    wait_until(lambda: job.refresh()["status"] == "NEVER", timeout=120,
+                               what="an error from the status call")
+                waited = time.monotonic() - asked
+        finally:
+            cluster.stop_all()
+    message = str(told.value)
+    assert "NotCoordinatorError" in type(told.value).__name__ + message, message
+    assert f"Kafka at {bootstrap} did not answer" in message, message
+    assert waited < COORDINATOR_WAIT_S * 3, waited

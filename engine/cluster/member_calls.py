@@ -165,7 +165,18 @@ class MemberCalls:
         # ask again until one answers; a call that never reached it is safe to ask again
         deadline = time.monotonic() + COORDINATOR_WAIT_S
         while True:
-            target = self.place.role.coordinator_id(refresh=True)
+            try:
+                target = self.place.role.coordinator_id(refresh=True)
+            except JetwakeError as e:  # the group could not be described
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                raise NotCoordinatorError(
+                    f"cluster '{self.place.cluster_name}' cannot find its coordinator: Kafka "
+                    f"at {self.place.bootstrap_servers} did not answer for "
+                    f"{COORDINATOR_WAIT_S:.0f} s ({e}). The cluster's membership and its jobs' "
+                    "records live in Kafka: its jobs wait until Kafka answers again; ask a "
+                    "member's log or check the brokers") from e
             if target is not None:
                 try:
                     reply = self.call_member(target, "cluster.request", [frame, client],
