@@ -9,6 +9,7 @@ import logging
 import uuid
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from jetwake import Member
@@ -26,8 +27,19 @@ def _internal_topics(admin: AdminClient, cluster: str) -> dict:
 
 
 def _min_insync(admin: AdminClient, topic: str) -> str:
+    """The topic's min.insync.replicas, asked again while the broker asked does not know the
+    topic yet (a topic created through another broker reaches each one a moment later)."""
     resource = ConfigResource(ResourceType.TOPIC, topic)
-    return admin.describe_configs([resource])[resource].result(30)["min.insync.replicas"].value
+
+    def ask() -> str | None:
+        try:
+            return admin.describe_configs([resource])[resource].result(30)[
+                "min.insync.replicas"].value
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+            return None
+    return wait_until(ask, what=f"{topic}'s configuration from every broker", interval=0.1)
 
 
 def test_on_three_brokers_a_members_internal_topics_have_three_replicas_and_min_insync_two(
