@@ -168,8 +168,7 @@ def run(args: argparse.Namespace) -> dict:
                 quiet = time.monotonic()
         state = final_state(members, time.monotonic() + 60)
         sampler.stop()
-        output.stop.set()
-        output.join(10)
+        output.close()
         arrivals = output.arrivals
         gaps = [(b - a, a) for a, b in zip(arrivals, arrivals[1:]) if b <= stopped]
         longest = max(gaps, default=(0.0, t0))

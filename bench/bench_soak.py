@@ -147,8 +147,7 @@ def run(args: argparse.Namespace) -> dict:
             time.sleep(3.0)
             if output.count() == n:
                 break
-        output.stop.set()
-        output.join(10)
+        output.close()
         problems = check_windows(producer.acked, output.records)
         dead = [m.slot for m in members.members if not m.alive()]
         if dead:

@@ -19,11 +19,12 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
+from bench.chaos.harness import Output
 from jetwake import JobConfig
 from jetwake.engine.server.client import RemoteError
 from support import broker_faults
 from support.broker_faults import (
-    Brokers, LiveInput, LiveOutput, read_input, running_state_pipeline, running_states,
+    Brokers, LiveInput, read_input, running_state_pipeline, running_states,
 )
 from support.cluster_processes import ClusterProcesses
 from support.cluster_sums import by_key
@@ -55,7 +56,8 @@ class Run:
         finally:
             cloudpickle.unregister_pickle_by_value(broker_faults)
         self.input = LiveInput(self.bootstrap, self.source)
-        self.output = LiveOutput(self.bootstrap, self.sink)
+        self.output = Output(self.bootstrap, self.sink)
+        self.output.start()
         wait_until(lambda: self.output.count() >= 50, what="the job's first output",
                    timeout=90, interval=0.1)
 
@@ -93,7 +95,7 @@ class Run:
 
     def close(self) -> None:
         self.input.stop()
-        self.output.stop()
+        self.output.close()
         self.cluster.stop_all()
 
 

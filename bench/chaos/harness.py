@@ -383,6 +383,25 @@ class Output(threading.Thread):
             import bisect
             return len(self.arrivals) - bisect.bisect_right(self.arrivals, t)
 
+    def snapshot(self) -> list[tuple[str, Any]]:
+        """The records read so far, in the order read."""
+        with self.lock:
+            return list(self.records)
+
+    def longest_stall(self, start: float, end: float | None = None) -> float:
+        """The longest stretch without a new record from ``start`` to ``end`` (monotonic
+        times); without ``end``, to the last record read."""
+        with self.lock:
+            times = [t for t in self.arrivals if start < t and (end is None or t <= end)]
+        points = [start, *times] + ([end] if end is not None else [])
+        return max((b - a for a, b in zip(points, points[1:])), default=0.0)
+
+    def close(self) -> None:
+        """Stops reading and closes the consumer."""
+        self.stop.set()
+        if self.is_alive():
+            self.join(30)
+
 
 @dataclass
 class MemorySampler:

@@ -124,11 +124,10 @@ class Nemesis:
                 recovered = time.monotonic()
                 break
             time.sleep(0.05)
-        end = recovered if recovered is not None else time.monotonic()
-        with self.output.lock:
-            times = [t for t in self.output.arrivals if started < t <= end]
-        points = [started, *times, end] if recovered is None else [started, *times]
-        stretch = max((b - a for a, b in zip(points, points[1:])), default=end - started)
+        if recovered is None:
+            stretch = self.output.longest_stall(started, time.monotonic())
+        else:
+            stretch = self.output.longest_stall(started, recovered)
         fault = Fault(kind, target, round(started - self.t0, 2),
                       round(applied_until - started, 2),
                       None if recovered is None else round(recovered - started, 2),

@@ -8,7 +8,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from jetwake.engine.cluster.membership import MemberInfo
+from jetwake.engine.cluster.membership import MemberInfo, MembershipUnreachableError
 from jetwake.engine.cluster.peer_network import PeerNotReachedError, PeerUnreachableError
 from jetwake.engine.core.errors import JetwakeError
 from jetwake.engine.jobs.execution_messages import (
@@ -167,16 +167,13 @@ class MemberCalls:
         while True:
             try:
                 target = self.place.role.coordinator_id(refresh=True)
-            except JetwakeError as e:  # the group could not be described
+            except MembershipUnreachableError as e:
                 if time.monotonic() < deadline:
                     time.sleep(0.2)
                     continue
+                # retryable for the client: the coordinator is found again once Kafka answers
                 raise NotCoordinatorError(
-                    f"cluster '{self.place.cluster_name}' cannot find its coordinator: Kafka "
-                    f"at {self.place.bootstrap_servers} did not answer for "
-                    f"{COORDINATOR_WAIT_S:.0f} s ({e}). The cluster's membership and its jobs' "
-                    "records live in Kafka: its jobs wait until Kafka answers again; ask a "
-                    "member's log or check the brokers") from e
+                    f"no coordinator found for {COORDINATOR_WAIT_S:.0f} s: {e}") from e
             if target is not None:
                 try:
                     reply = self.call_member(target, "cluster.request", [frame, client],

@@ -32,10 +32,13 @@ from confluent_kafka.admin import AdminClient
 from jetwake.connectors.kafka.client_log import with_client_log
 from jetwake.engine.cluster.admin_clients import RenewableAdmin
 from jetwake.engine.cluster.cluster_topics import create_topic, replication_for
-from jetwake.engine.cluster.group_leave import describe_group, remove_group_member
+from jetwake.engine.cluster.group_leave import (
+    GroupLeaveError, describe_group, remove_group_member,
+)
 from jetwake.engine.core.errors import JetwakeError
 
 __all__ = ["KafkaMembership", "MemberInfo", "CoordinatorFence", "FencedError",
+           "MembershipUnreachableError",
            "control_topic", "group_id", "check_cluster_name"]
 
 log = logging.getLogger("jetwake.cluster")
@@ -46,6 +49,11 @@ _CLIENT_PREFIX = "jetwake/"
 class FencedError(JetwakeError):
     """This member is no longer the coordinator: a newer one took over, and nothing it wrote
     after that was committed."""
+
+
+class MembershipUnreachableError(JetwakeError):
+    """The cluster's membership could not be read: Kafka, which holds it, did not answer. The
+    message names the cluster, the brokers and Kafka's own error."""
 
 
 def control_topic(cluster: str) -> str:
@@ -283,8 +291,16 @@ class KafkaMembership:
         Asked on a plain socket (group_leave.py says why not through librdkafka's admin
         client: a broker lost during the call can abort the process)."""
         out = []
-        for m in describe_group(self.bootstrap_servers, group_id(self.cluster),
-                                timeout=timeout):
+        try:
+            described = describe_group(self.bootstrap_servers, group_id(self.cluster),
+                                       timeout=timeout)
+        except GroupLeaveError as e:
+            raise MembershipUnreachableError(
+                f"cluster '{self.cluster}' cannot read its membership: Kafka at "
+                f"{self.bootstrap_servers} did not answer ({e}). The cluster's membership and "
+                "its jobs' records live in Kafka: its jobs wait until Kafka answers again; "
+                "check the brokers") from e
+        for m in described:
             if not m.client_id.startswith(_CLIENT_PREFIX):
                 continue
             _joined, _, rest = m.client_id[len(_CLIENT_PREFIX):].partition("/")

@@ -3,9 +3,10 @@
 ``Brokers`` kills, pauses and restarts one KRaft node of a kafka_local cluster and finds the
 node a fault must hit: the leader of a partition, the active controller, the transaction
 coordinator of a transactional id. ``LiveInput`` produces keyed events into the input topic
-all along; ``LiveOutput`` reads the output with ``read_committed`` in the background, with
-the time each record arrived, so a test can tell the longest stretch without output and check
-that every record is there once with the exact state.
+all along; the chaos run's ``Output`` (bench/chaos/harness.py) reads the output with
+``read_committed`` in the background, with the time each record arrived, so a test can tell the
+longest stretch without output and check that every record is there once with the exact
+state.
 """
 
 from __future__ import annotations
@@ -217,51 +218,6 @@ class LiveInput:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(90)
-
-
-class LiveOutput:
-    """A read_committed reader of the output topic in a thread: ``records`` (key, value) in
-    the order read, ``arrivals`` the monotonic time each was read."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                                  "auto.offset.reset": "earliest",
-                                  "isolation.level": "read_committed"})
-        self.consumer.subscribe([topic])
-        self.records: list[tuple[str, list[int]]] = []
-        self.arrivals: list[float] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="live-output")
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            batch = [m for m in self.consumer.consume(500, 0.1) if m.error() is None]
-            now = time.monotonic()
-            with self._lock:
-                for m in batch:
-                    self.records.append((m.key().decode(), json.loads(m.value())))
-                    self.arrivals.append(now)
-        self.consumer.close()
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.records)
-
-    def longest_stall(self, since: float) -> float:
-        """The longest stretch without a new output record from ``since`` to the last one."""
-        with self._lock:
-            times = [since] + [t for t in self.arrivals if t > since]
-        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
-
-    def snapshot(self) -> list[tuple[str, list[int]]]:
-        with self._lock:
-            return list(self.records)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
 
 
 def read_input(bootstrap: str, topic: str, partitions: int) -> list[tuple[str, int]]:
