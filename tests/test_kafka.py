@@ -24,6 +24,7 @@ from jetwake.connectors.kafka.sink import check_transaction_timeout
 from jetwake.connectors.kafka.source import owner_of_partition, projection_column
 
 from support.kafka_job import Proc, Reader, check_exactly_once, produce
+from support.ordered_producer import ordered_producer
 from support.restores import restored_snapshots, wait_for_a_new_snapshot
 from support.waiting import poll_until, stays_true, wait_until
 
@@ -92,7 +93,7 @@ def test_a_projection_of_one_field_gives_that_field_of_each_record(kafka_bootstr
                                                                    kafka_topic):
     tin, tout = kafka_topic(partitions=2), kafka_topic()
     props = {"bootstrap.servers": kafka_bootstrap}
-    p = Producer(props)
+    p = ordered_producer(kafka_bootstrap)
     for i in range(20):
         p.produce(tin, key=str(i).encode(), value=json.dumps({"n": i}).encode())
     p.flush()
@@ -115,7 +116,7 @@ def test_formats_projection_and_start(kafka_bootstrap, kafka_topic, caplog):
     caplog.set_level(logging.DEBUG, logger="jetwake.kafka")
     tin, tout, tproj = kafka_topic(partitions=3), kafka_topic(partitions=1), kafka_topic()
     props = {"bootstrap.servers": kafka_bootstrap}
-    p = Producer(props)
+    p = ordered_producer(kafka_bootstrap)
     for i in range(50):
         p.produce(tin, key=msgpack.packb(i), value=json.dumps({"n": i}).encode(),
                   headers=[("h", b"x")])
@@ -256,7 +257,7 @@ def test_partition_added_while_running(kafka_bootstrap, kafka_topic, caplog):
 def test_poison_record_fails_the_job_with_its_position(kafka_bootstrap, kafka_topic):
     tin, tout = kafka_topic(), kafka_topic()
     props = {"bootstrap.servers": kafka_bootstrap}
-    p = Producer(props)
+    p = ordered_producer(kafka_bootstrap)
     p.produce(tin, value=b'{"ok": 1}')
     p.produce(tin, value=b"not json {")
     p.flush()
@@ -275,7 +276,7 @@ def test_poison_record_fails_the_job_with_its_position(kafka_bootstrap, kafka_to
 def test_poison_records_go_to_the_dead_letter_topic(kafka_bootstrap, kafka_topic):
     tin, tout, dlq = kafka_topic(partitions=2), kafka_topic(), kafka_topic()
     props = {"bootstrap.servers": kafka_bootstrap}
-    p = Producer(props)
+    p = ordered_producer(kafka_bootstrap)
     for i in range(30):
         p.produce(tin, value=(b"{bad" if i % 10 == 3 else json.dumps(i).encode()),
                   partition=i % 2)
@@ -366,7 +367,7 @@ def test_native_timestamps_follow_per_partition_watermarks(kafka_bootstrap, kafk
     from jetwake import AggregateOperations, WindowDefinition
 
     topic = kafka_topic(partitions=2)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer = ordered_producer(kafka_bootstrap)
     # (a record timestamp of 0 means "unset" to the producer: start further on)
     ahead = list(range(100_000, 110_000, 10))
     behind = list(range(100_000, 101_000, 10))

@@ -7,7 +7,6 @@ import json
 import uuid
 
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from jetwake import JobConfig, Member, Pipeline, Sinks
@@ -16,6 +15,7 @@ from bench.nexmark.queries import TOPICS, NexmarkInputs, check_output, query
 from bench.nexmark.queries.q6 import LAST
 from bench.nexmark.queries.winning_bids import MAX_AUCTION_MS
 from support.kafka_broker import wait_for_topic
+from support.ordered_producer import ordered_producer
 from support.spark_fixtures import spark_runner  # noqa: F401 - a fixture
 from support.waiting import wait_until
 
@@ -124,7 +124,7 @@ def nexmark_topics(kafka_bootstrap):
 
 def produce(bootstrap: str, prefix: str, events: list) -> None:
     """Each event as a JSON record on its kind's topic, keyed by nothing."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    p = ordered_producer(bootstrap, {"linger.ms": 5})
     for kind, e in events:
         p.produce(prefix + TOPICS[kind], value=json.dumps(e).encode())
     assert p.flush(30) == 0

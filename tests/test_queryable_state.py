@@ -12,6 +12,7 @@ from jetwake import (
     WindowDefinition,
 )
 from jetwake.engine.server.cli.state_command import parse_key
+from support.ordered_producer import ordered_producer
 from support.waiting import wait_until
 
 
@@ -231,9 +232,8 @@ def test_window_stages_read_as_the_open_windows_of_a_key(tmp_path, wdef, op, exp
 @pytest.mark.parametrize("broadcast", [False, True], ids=["partitioned", "broadcast"])
 def test_a_table_join_reads_as_the_table(tmp_path, kafka_bootstrap, broadcast):
     from support.cluster_sums import new_topic
-    from confluent_kafka import Producer
     topic = new_topic(kafka_bootstrap, 2)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer = ordered_producer(kafka_bootstrap)
     for k, v in [("apple", 3), ("pear", 5), ("apple", 4), ("plum", 1)]:
         producer.produce(topic, key=k.encode(), value=json.dumps({"price": v}).encode())
     producer.produce(topic, key=b"plum", value=None)  # a tombstone: plum leaves the table

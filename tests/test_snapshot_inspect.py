@@ -9,13 +9,13 @@ import json
 import textwrap
 
 import pytest
-from confluent_kafka import Producer
 
 from jetwake import (
     AggregateOperations, Client, JobConfig, Member, Pipeline, Sinks, SnapshotNotFoundError,
     Sources, WindowDefinition,
 )
 from support.cli_member import MemberProc, cli, ok
+from support.ordered_producer import ordered_producer
 from support.waiting import wait_until
 
 PARTITIONS = 3
@@ -46,7 +46,7 @@ def kafka_pipeline(topic: str, props: dict) -> Pipeline:
 def test_inspect_shows_kafka_offsets_per_partition_a_window_watermark_and_the_keys(
         kafka_bootstrap, kafka_topic):
     topic = kafka_topic(partitions=PARTITIONS)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer = ordered_producer(kafka_bootstrap)
     # each partition's events reach the same last event time, a multiple of the window size
     for p in range(PARTITIONS):
         for i in range(PER_PARTITION):

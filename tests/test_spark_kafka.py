@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 
 from jetwake import Client, Member, Pipeline, Sinks, Sources, SparkRunner
 from jetwake.connectors.kafka.source import KafkaDeserializationError
 
+from support.ordered_producer import ordered_producer
 from support.spark_fixtures import spark_runner  # noqa: F401
 from support.waiting import wait_until
 
@@ -29,7 +30,7 @@ BIN = Path(sys.executable).parent
 def produce_values(bootstrap: str, topic: str, values: list[bytes], partition: int = 0,
                    first_time: int = BASE) -> None:
     """``values`` into one partition, the i-th with record time ``first_time + i``."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    p = ordered_producer(bootstrap, {"linger.ms": 5})
     for i, v in enumerate(values):
         while True:
             try:
@@ -274,7 +275,7 @@ def test_records_of_keys_in_one_partition_keep_their_offset_order_across_the_han
     topic = kafka_topic(partitions=1)
     # times out of order within the lag: a key's state must follow the offsets, not the times
     times = [5, 3, 4, 8, 20, 18, 30, 25]
-    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    p = ordered_producer(kafka_bootstrap)
     for i, t in enumerate(times):
         p.produce(topic, "abcdefgh"[i].encode(), b"k", partition=0, timestamp=BASE + t)
     assert p.flush(30) == 0
@@ -304,7 +305,7 @@ def test_a_ttl_over_kafka_evicts_as_the_partition_s_time_passes_not_only_at_the_
     # key "a" in records 0-999 and again from 9,000; between, 8,000 records (80 s) of other
     # keys: far more than the ttl, so a streaming job lets a's first state expire
     keys = ["a" if i < 1_000 or i >= 9_000 else f"filler-{i % 7}" for i in range(n)]
-    p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
+    p = ordered_producer(kafka_bootstrap, {"linger.ms": 5})
     for i, k in enumerate(keys):
         p.produce(topic, b"x", k.encode(), partition=0, timestamp=BASE + 10 * i)
     assert p.flush(60) == 0

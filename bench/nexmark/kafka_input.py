@@ -26,10 +26,12 @@ from bench.nexmark.generator import Event, GeneratorConfig, generate
 TOPICS = {"person": PERSON_TOPIC, "auction": AUCTION_TOPIC, "bid": BID_TOPIC}
 DEFAULT_PARTITIONS = 4
 END_MARKER_DELAY_MS = 24 * 3600 * 1000  # the markers' event time: a day after the last event
-# lz4 measured best on this machine's loopback broker (docs/nexmark.md, "Writing the input")
+# lz4 measured best on this machine's loopback broker (docs/nexmark.md, "The events in
+# Kafka"); idempotent, so a retried request can neither reorder a partition (the references
+# follow the generated order) nor write an event twice
 PRODUCER_SETTINGS = {"linger.ms": 20, "batch.size": 1_000_000, "compression.type": "lz4",
                      "queue.buffering.max.messages": 1_000_000,
-                     "queue.buffering.max.kbytes": 1_048_576, "acks": "1"}
+                     "queue.buffering.max.kbytes": 1_048_576, "enable.idempotence": True}
 
 
 @dataclass

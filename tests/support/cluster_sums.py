@@ -9,10 +9,11 @@ import textwrap
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from support.cluster_processes import ClusterProcesses
+from support.ordered_producer import ordered_producer
 from support.waiting import wait_until
 
 
@@ -54,10 +55,10 @@ def rolling_sums_job(tmp: Path, bootstrap: str, source: str, sink_expression: st
 
 def produce_events(bootstrap: str, topic: str, events: list[tuple[str, int]]) -> None:
     """``(key, value)`` events as records, the value in JSON."""
-    p = Producer({"bootstrap.servers": bootstrap})
+    p = ordered_producer(bootstrap)
     for k, v in events:
         p.produce(topic, key=k.encode(), value=json.dumps(v).encode())
-    p.flush(30)
+    assert p.flush(30) == 0, "the input was not all written"
 
 
 class Output:
