@@ -218,6 +218,9 @@ def test_connections_beyond_the_unauthenticated_cap_are_closed_at_once(member, c
     silent: list[socket.socket] = []
     try:
         with Client(svc.address_text, token=TOKEN) as served:  # authenticated before
+            # the member stops counting it as waiting just after its hello's answer is sent
+            wait_until(lambda: svc.unauthenticated_connections == 0,
+                       timeout=5, what="the served client's hello answered")
             silent = [socket.create_connection(svc.address, 5) for _ in range(3)]
             wait_until(lambda: svc.unauthenticated_connections == 3,
                        timeout=5, what="3 waiting clients")
