@@ -116,6 +116,17 @@ def test_latency_of_an_output_without_event_time_counts_from_the_newest_input_it
     assert matcher.produced_at({"auction": 1230, "price": 4}) is None
 
 
+def test_a_peer_is_compared_with_jetwake_at_its_own_guarantee_and_at_exactly_once():
+    from bench.bench_nexmark import comparable_guarantees
+
+    measured = {"exactly_once": object(), "at_least_once": object()}
+    # Quix Streams runs exactly-once: one like-for-like figure
+    assert comparable_guarantees("exactly_once", measured) == ["exactly_once"]
+    # Bytewax runs without a guarantee: against the weakest jetwake run, then the headline one
+    assert comparable_guarantees("none", measured) == ["at_least_once", "exactly_once"]
+    assert comparable_guarantees("none", {"exactly_once": object()}) == ["exactly_once"]
+
+
 # --- through Kafka ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

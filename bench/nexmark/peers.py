@@ -63,6 +63,9 @@ LAG_MS = int(os.environ.get("BENCH_NEXMARK_PEER_LAG_MS", "3000"))
 # Quix Streams' processing guarantee (jetwake's headline figures are exactly-once); Bytewax
 # offers no exactly-once Kafka sink and runs without a guarantee
 QUIX_GUARANTEE = os.environ.get("BENCH_NEXMARK_QUIX_GUARANTEE", "exactly-once")
+# each peer's guarantee in jetwake's words, so that it is compared with jetwake's run of the
+# same guarantee (or of the weakest stronger one measured)
+PEER_GUARANTEES = {"quix": QUIX_GUARANTEE.replace("-", "_"), "bytewax": "none"}
 COMMIT_INTERVAL_S = 1.0
 
 
