@@ -15,8 +15,9 @@ from typing import Any, Sequence
 from jetwake.engine.core.serialization import dumps
 
 __all__ = [
-    "PARTITION_COUNT", "partition_of", "partitions_of", "member_partitions", "processor_partition_table",
-    "partitions_of_processor", "owner_of_partition", "all_to_one_target",
+    "PARTITION_COUNT", "partition_of", "partitions_of", "member_partitions",
+    "processor_partition_table", "partitions_of_processor", "owner_of_partition",
+    "all_to_one_target",
 ]
 
 PARTITION_COUNT = 271

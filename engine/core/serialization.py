@@ -252,7 +252,8 @@ def dumps_chunk(items: list[Any]) -> bytes:
 
 
 def loads(data: bytes | bytearray | memoryview) -> Any:
-    """Decode bytes made by :func:`dumps`. Never executes code from the data."""
+    """Decode bytes made by :func:`dumps` or :func:`dumps_chunk`. Never executes code from the
+    data."""
     try:
         return _unpack(data)
     except SerializationError:

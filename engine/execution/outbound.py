@@ -3,8 +3,9 @@
 Routing works on whole chunks: unicast hands a chunk to one queue with room, partitioned splits
 a chunk by the owner of each item's key partition (the keys, their partitions and owners each in
 one C-level pass over the chunk, the items of each owner picked out with ``compress``),
-broadcast copies the chunk reference to every queue. Control items (watermarks, barriers, DONE) go to every queue. What a full queue refuses
-stays pending here and is retried before anything new is taken from the outbox.
+broadcast copies the chunk reference to every queue. Control items (watermarks, barriers, DONE)
+go to every queue. What a full queue refuses stays pending here and is retried before anything
+new is taken from the outbox.
 """
 
 from __future__ import annotations
