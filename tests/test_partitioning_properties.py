@@ -112,7 +112,7 @@ def test_partition_of_is_the_same_in_processes_with_different_hash_seeds():
 @given(st.lists(keys, max_size=30) | st.lists(st.integers(), max_size=30)
        | st.lists(st.integers(0, 50) | st.text(max_size=3), max_size=30))
 def test_partitions_of_a_chunks_keys_are_each_keys_partition_seen_or_not(chunk_keys):
-    # twice: the second call finds the int and str keys in the memo
+    # twice: the second call finds the int keys in the memo
     assert partitions_of(chunk_keys) == [partition_of(k) for k in chunk_keys]
     assert partitions_of(chunk_keys) == [partition_of(k) for k in chunk_keys]
 
