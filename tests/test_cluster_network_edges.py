@@ -14,7 +14,7 @@ from support.waiting import stays_true, wait_until
 from jetwake.engine.cluster.flow_control import INITIAL_WINDOW_BYTES
 from jetwake.engine.cluster.network_edges import FLOW_CONTROL_INTERVAL
 from jetwake.engine.cluster.peer_network import PeerNetwork, PeerUnreachableError
-from jetwake.engine.core.serialization import dumps
+from jetwake.engine.core.serialization import dumps_chunk
 from jetwake.engine.core.stream_items import DONE, SnapshotBarrier, Watermark
 
 
@@ -109,7 +109,7 @@ def test_a_receiver_that_does_not_drain_stops_its_sender_within_one_window(pair)
     q = b.edges.inbound_queue("exec-1", (0, 0, 1), "in")
     rq = a.edges.remote_queue("exec-1", (0, 0, 1), "b", b.address)
     chunk = [(i, "x" * 20) for i in range(1000)]
-    chunk_bytes = len(dumps(chunk))
+    chunk_bytes = len(dumps_chunk(chunk))
     accepted = 0
     while rq.offer(chunk):
         accepted += 1
@@ -140,7 +140,7 @@ def test_a_slow_receiver_bounds_what_is_queued_at_any_time(pair):
     q = b.edges.inbound_queue("exec-1", (0, 0, 1), "in")
     rq = a.edges.remote_queue("exec-1", (0, 0, 1), "b", b.address)
     chunk = [(i, "y" * 30) for i in range(500)]
-    chunk_bytes = len(dumps(chunk))
+    chunk_bytes = len(dumps_chunk(chunk))
     refusals = []
 
     def produce() -> None:

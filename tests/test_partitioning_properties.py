@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from jetwake import AggregateOperations as Ops, Member, Pipeline, Sinks, Sources
 from jetwake.engine.core import serialization
 from jetwake.engine.core.partitioning import (
-    PARTITION_COUNT, member_partitions, partition_of, partitions_of_processor,
+    PARTITION_COUNT, member_partitions, partition_of, partitions_of, partitions_of_processor,
     processor_partition_table,
 )
 
@@ -106,6 +106,22 @@ def test_partition_of_is_the_same_in_processes_with_different_hash_seeds():
 
 
 # --- partition tables ------------------------------------------------------------------------
+
+
+@settings(max_examples=200)
+@given(st.lists(keys, max_size=30) | st.lists(st.integers(), max_size=30)
+       | st.lists(st.integers(0, 50) | st.text(max_size=3), max_size=30))
+def test_partitions_of_a_chunks_keys_are_each_keys_partition_seen_or_not(chunk_keys):
+    # twice: the second call finds the int keys in the memo
+    assert partitions_of(chunk_keys) == [partition_of(k) for k in chunk_keys]
+    assert partitions_of(chunk_keys) == [partition_of(k) for k in chunk_keys]
+
+
+def test_partitions_of_keys_equal_to_memoized_ints_but_of_another_type_are_their_own():
+    partitions_of([1, 2, 3])  # memoized as ints
+    mixed = [True, 1.0, 2.0, dt.date(2020, 1, 1), (1,), 1]
+    assert partitions_of(mixed) == [partition_of(k) for k in mixed]
+
 
 @given(st.integers(min_value=1, max_value=8), st.integers(min_value=1, max_value=300))
 def test_partition_table_assigns_every_partition_to_exactly_one_processor(members, lp):

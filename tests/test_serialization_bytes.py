@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jetwake.engine.core import serialization
-from jetwake.engine.core.serialization import SerializationError, dumps, loads
+from jetwake.engine.core.serialization import SerializationError, dumps, dumps_chunk, loads
 
 
 def reference_dumps(obj):
@@ -90,3 +90,30 @@ def test_values_larger_than_a_kept_packer_round_trip_and_the_next_small_one_is_r
     assert len(data) > serialization.POOLED_RESULT_MAX
     assert loads(data) == big
     assert dumps(("k", 1)) == reference_dumps(("k", 1))
+
+
+@settings(max_examples=150)
+@given(st.lists(st.tuples(values, values), max_size=20) | st.lists(values, max_size=8)
+       | st.lists(st.tuples(values) | st.tuples(values, values, values), max_size=8))
+def test_a_chunk_comes_back_from_dumps_chunk_as_it_was_with_every_type_kept(chunk):
+    got = loads(dumps_chunk(chunk))
+    assert got == chunk
+    # == does not tell a tuple from a list: the bytes of dumps do
+    assert dumps(got) == dumps(chunk)
+    assert dumps_chunk(chunk) == dumps_chunk(got)
+
+
+def test_a_chunk_of_pairs_is_packed_flat_and_any_other_chunk_as_dumps_packs_it():
+    pairs = [(1700000000000 + i, {"bidder": i, "url": "https://x/" + str(i)}) for i in range(100)]
+    flat = dumps_chunk(pairs)
+    assert flat[0] == 0xC9 and flat[5] == 12  # ext 32 of the tuple rows type
+    assert len(flat) < len(dumps(pairs))  # no extension header per pair
+    for other in ([1, 2], [(1, 2), (3,)], [(1, 2), [3, 4]], [], [()]):
+        assert dumps_chunk(other) == dumps(other)
+
+
+def test_tuple_rows_whose_fields_do_not_fill_the_last_row_fail_to_decode():
+    payload = dumps([3, [1, 2, 3, 4]])  # four fields in rows of three
+    data = bytes((0xC9,)) + len(payload).to_bytes(4, "big") + bytes((12,)) + payload
+    with pytest.raises(SerializationError, match="malformed tuple rows"):
+        loads(data)

@@ -11,8 +11,10 @@ connection the sending member opened to the receiving one (``engine/cluster/peer
 What travels:
 
 - ``offer(entry)`` serializes the entry at once, on the caller's thread (a chunk with
-  :func:`jetwake.engine.core.serialization.dumps`; watermarks, barriers and ``DONE`` as tiny
-  msgpack values), and hands it to the connection's writer thread. The writer takes everything
+  :func:`jetwake.engine.core.serialization.dumps_chunk`, which packs a chunk of tuples of one
+  length, such as timestamped items, as one flat array without a Python call per item;
+  watermarks, barriers and ``DONE`` as tiny msgpack values), and hands it to the connection's
+  writer thread. The writer takes everything
   queued since its last write and packs the entries of all streams into few packets (one frame
   each, up to about :data:`PACKET_TARGET_BYTES`), and the packets into one socket write.
 - A packet is ``[TAG_PACKET, [[exec_key, edge, src, dst, [entry, ...]], ...]]`` where an entry
@@ -46,7 +48,7 @@ import msgpack
 
 from jetwake.engine.cluster.flow_control import (INITIAL_WINDOW_BYTES, MAX_WINDOW_BYTES,
                                                  MIN_WINDOW_BYTES, ReceiveWindow, SendWindow)
-from jetwake.engine.core.serialization import dumps, loads
+from jetwake.engine.core.serialization import dumps_chunk, loads
 from jetwake.engine.core.stream_items import DONE, SnapshotBarrier, Watermark
 from jetwake.engine.execution.conveyor import ChunkQueue
 
@@ -158,7 +160,7 @@ class RemoteQueue:
             return False
         t = type(entry)
         if t is list:
-            data: Any = dumps(entry)
+            data: Any = dumps_chunk(entry)
             size = len(data)
             items = len(entry)
         elif entry is DONE:

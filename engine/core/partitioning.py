@@ -15,8 +15,9 @@ from typing import Any, Sequence
 from jetwake.engine.core.serialization import dumps
 
 __all__ = [
-    "PARTITION_COUNT", "partition_of", "member_partitions", "processor_partition_table",
-    "partitions_of_processor", "owner_of_partition", "all_to_one_target",
+    "PARTITION_COUNT", "partition_of", "partitions_of", "member_partitions",
+    "processor_partition_table", "partitions_of_processor", "owner_of_partition",
+    "all_to_one_target",
 ]
 
 PARTITION_COUNT = 271
@@ -32,6 +33,39 @@ def partition_of(key: Any) -> int:
         if n < 256:
             return zlib.crc32(data, _STR_HEADER_CRC[n]) % PARTITION_COUNT
     return zlib.crc32(dumps(_canonical(key))) % PARTITION_COUNT
+
+
+_MEMO_MAX = 1 << 15
+_memo: dict[int, int] = {}
+"""Partitions of recent int keys (an int's partition goes through msgpack, about 260 ns). Only
+exact ints: two equal ints always have the same partition, while 1 == Decimal(1) holds but
+their partitions differ, so a dict lookup may stand in for the CRC of an int only. Cleared
+when full: at most 32,768 ints (about 2.5 MB). A str key has its own fast path already."""
+
+
+def partitions_of(keys: list[Any]) -> list[int]:
+    """``[partition_of(k) for k in keys]``, for a chunk's keys: int keys seen before cost a
+    dict lookup in one C-level pass instead of a Python call each."""
+    if set(map(type, keys)) != _INT_ONLY:
+        return list(map(partition_of, keys))
+    memo = _memo
+    try:
+        return list(map(memo.__getitem__, keys))
+    except KeyError:
+        pass
+    if len(memo) > _MEMO_MAX:
+        memo.clear()
+    get = memo.get
+    out = []
+    for k in keys:
+        p = get(k)
+        if p is None:
+            p = memo[k] = partition_of(k)
+        out.append(p)
+    return out
+
+
+_INT_ONLY = {int}
 
 
 def _canonical(key: Any) -> Any:

@@ -4,19 +4,31 @@ Plain msgpack loses the difference between a tuple and a list, cannot carry sets
 or user classes, and must never fall back to pickle for bytes from a peer. This module packs
 those types as msgpack extension types, so every process and host produces the same bytes for
 the same value (the partition hash depends on it) and decoding never runs arbitrary code.
+
+Packing is msgpack's (its ``default`` hook keeps a tuple a tuple, which msgspec's encoder,
+packing tuples as arrays, cannot). Decoding is msgspec's msgpack decoder with the same
+extension hook: the same values from the same bytes, about twice as fast on rows of dicts and
+strings. A chunk of items that travels between members is packed by :func:`dumps_chunk`: a
+chunk of tuples of one length (timestamped items, ``(key, value)`` pairs) goes as one flat
+array of their fields inside a ``_EXT_TUPLE_ROWS`` extension, so neither end makes a Python
+call per tuple; :func:`loads` rebuilds the tuples with ``zip``.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import decimal as _decimal
+import struct
 import threading
 import uuid as _uuid
+from itertools import chain
 from typing import Any, Callable
 
 import msgpack
+import msgspec
 
-__all__ = ["dumps", "loads", "register_type", "SerializationError", "POOLED_RESULT_MAX"]
+__all__ = ["dumps", "dumps_chunk", "loads", "register_type", "SerializationError",
+           "POOLED_RESULT_MAX"]
 
 _EXT_TUPLE = 1
 _EXT_SET = 2
@@ -30,6 +42,8 @@ _EXT_TIMEDELTA = 8
 _EXT_DECIMAL = 9
 _EXT_UUID = 10
 _EXT_TIME = 11
+# a list of tuples of one length k, packed as [k, flat fields] (dumps_chunk)
+_EXT_TUPLE_ROWS = 12
 
 # ids below 100 are jetwake's own; users register theirs from 100 up
 BROADCAST_KEY_TYPE_ID = 1
@@ -126,28 +140,34 @@ def sorted_if_possible(values: Any) -> list[Any]:
         return list(values)
 
 
-def _ext_hook(code: int, data: bytes) -> Any:
+def _ext_hook(code: int, data: Any) -> Any:
+    # ``data`` is a memoryview into the buffer being decoded (msgspec's): used here, never kept
     if code == _EXT_TUPLE:
         return tuple(_unpack(data))
+    if code == _EXT_TUPLE_ROWS:
+        k, flat = _unpack(data)
+        if type(k) is not int or k < 1 or len(flat) % k:
+            raise SerializationError(f"malformed tuple rows: {len(flat)} fields in rows of {k}")
+        return list(zip(*[iter(flat)] * k))
     if code == _EXT_SET:
         return set(_unpack(data))
     if code == _EXT_FROZENSET:
         return frozenset(_unpack(data))
     if code == _EXT_DATETIME:
-        return _dt.datetime.fromisoformat(data.decode())
+        return _dt.datetime.fromisoformat(str(data, "utf-8"))
     if code == _EXT_DATE:
-        return _dt.date.fromisoformat(data.decode())
+        return _dt.date.fromisoformat(str(data, "utf-8"))
     if code == _EXT_TIMEDELTA:
         days, seconds, micros = _unpack(data)
         return _dt.timedelta(days=days, seconds=seconds, microseconds=micros)
     if code == _EXT_BIGINT:
-        return int(data.decode())
+        return int(str(data, "utf-8"))
     if code == _EXT_DECIMAL:
-        return _decimal.Decimal(data.decode())
+        return _decimal.Decimal(str(data, "utf-8"))
     if code == _EXT_UUID:
-        return _uuid.UUID(bytes=data)
+        return _uuid.UUID(bytes=bytes(data))
     if code == _EXT_TIME:
-        return _dt.time.fromisoformat(data.decode())
+        return _dt.time.fromisoformat(str(data, "utf-8"))
     if code == _EXT_REGISTERED:
         type_id, payload = _unpack(data)
         entry = _registered_by_id.get(type_id)
@@ -156,7 +176,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
                 f"received a registered type id {type_id} that this process does not know: "
                 "call jetwake.register_type() with the same id in every process")
         return entry[2](payload)
-    return msgpack.ExtType(code, data)
+    return msgpack.ExtType(code, bytes(data))
 
 
 POOLED_RESULT_MAX = 1 << 20
@@ -184,9 +204,23 @@ def _pack(obj: Any) -> bytes:
     return data
 
 
-def _unpack(data: bytes | bytearray | memoryview) -> Any:
-    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False,
-                           use_list=True)
+_unpack: Callable[[bytes | bytearray | memoryview], Any] = msgspec.msgpack.Decoder(
+    ext_hook=_ext_hook).decode
+
+
+_EXT32_HEADER = struct.Struct(">BIb")
+
+
+def _tuple_rows_width(items: list[Any]) -> int:
+    """k when ``items`` are all plain tuples of one length k >= 1, else 0: a few C-level
+    passes, no Python call per item."""
+    if not items or set(map(type, items)) != {tuple}:
+        return 0
+    lengths = set(map(len, items))
+    if len(lengths) != 1:
+        return 0
+    (k,) = lengths
+    return k
 
 
 def dumps(obj: Any) -> bytes:
@@ -199,8 +233,27 @@ def dumps(obj: Any) -> bytes:
         raise SerializationError(f"cannot serialize {_short(obj)}: {e}") from e
 
 
+def dumps_chunk(items: list[Any]) -> bytes:
+    """Serialize a chunk (a list of items) for another member; :func:`loads` reads it back.
+
+    A chunk of tuples of one length goes as a flat array of their fields (see the module's
+    doc); any other chunk as :func:`dumps` packs it. The same chunk gives the same bytes."""
+    k = _tuple_rows_width(items)
+    if not k:
+        return dumps(items)
+    try:
+        payload = _pack([k, list(chain.from_iterable(items))])
+    except SerializationError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:
+        raise SerializationError(f"cannot serialize {_short(items)}: {e}") from e
+    # an ext 32 header (valid msgpack for any length): one copy of the payload, no repacking
+    return b"".join((_EXT32_HEADER.pack(0xC9, len(payload), _EXT_TUPLE_ROWS), payload))
+
+
 def loads(data: bytes | bytearray | memoryview) -> Any:
-    """Decode bytes made by :func:`dumps`. Never executes code from the data."""
+    """Decode bytes made by :func:`dumps` or :func:`dumps_chunk`. Never executes code from the
+    data."""
     try:
         return _unpack(data)
     except SerializationError:

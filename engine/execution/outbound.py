@@ -1,17 +1,21 @@
 """One output ordinal of a processor: routes chunks to the queues of downstream processors.
 
 Routing works on whole chunks: unicast hands a chunk to one queue with room, partitioned splits
-a chunk by the owner of each item's key partition, broadcast copies the chunk reference to every
-queue. Control items (watermarks, barriers, DONE) go to every queue. What a full queue refuses
-stays pending here and is retried before anything new is taken from the outbox.
+a chunk by the owner of each item's key partition (the keys, their partitions and owners each in
+one C-level pass over the chunk, the items of each owner picked out with ``compress``),
+broadcast copies the chunk reference to every queue. Control items (watermarks, barriers, DONE)
+go to every queue. What a full queue refuses stays pending here and is retried before anything
+new is taken from the outbox.
 """
 
 from __future__ import annotations
 
+from itertools import compress, repeat
+from operator import eq
 from typing import Any, Callable, Protocol, Sequence
 
 from jetwake.engine.core.dag import RoutingPolicy
-from jetwake.engine.core.partitioning import partition_of
+from jetwake.engine.core.partitioning import partitions_of
 
 __all__ = ["OutboundEdgeStream", "QueueEnd"]
 
@@ -22,6 +26,11 @@ class QueueEnd(Protocol):
 
     def offer(self, entry: Any) -> bool:
         """Adds a chunk (list) or a control item; False when there is no room now."""
+
+
+_COMPRESS_MAX_TARGETS = 4
+"""Up to this many owners in a chunk, a pass over the chunk per owner beats a Python loop
+that appends each item to its owner's list."""
 
 
 class OutboundEdgeStream:
@@ -97,20 +106,29 @@ class OutboundEdgeStream:
         return False
 
     def _partitioned(self, chunk: list[Any]) -> bool:
-        table = self.table
         key_fn = self.key_fn
         assert key_fn is not None, "a partitioned edge has a key function"
-        parts: dict[int, list[Any]] = {}
-        for item in chunk:
-            t = table[partition_of(key_fn(item))]
-            bucket = parts.get(t)
-            if bucket is None:
-                parts[t] = [item]
-            else:
-                bucket.append(item)
+        owners = list(map(self.table.__getitem__, partitions_of(list(map(key_fn, chunk)))))
+        present = set(owners)
+        parts: list[tuple[int, list[Any]]]
+        if len(present) == 1:
+            parts = [(owners[0], chunk)]
+        elif len(present) <= _COMPRESS_MAX_TARGETS:
+            # one C-level pass per owner, each keeping the chunk's order
+            parts = [(t, list(compress(chunk, map(eq, owners, repeat(t)))))
+                     for t in sorted(present)]
+        else:
+            buckets: dict[int, list[Any]] = {}
+            for t, item in zip(owners, chunk):
+                bucket = buckets.get(t)
+                if bucket is None:
+                    buckets[t] = [item]
+                else:
+                    bucket.append(item)
+            parts = list(buckets.items())
         ok = True
         targets = self.targets
-        for t, items in parts.items():
+        for t, items in parts:
             q = targets[t]
             if not q.offer(items):
                 self._pending.append((q, items))
