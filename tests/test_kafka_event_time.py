@@ -459,3 +459,37 @@ def test_backfill_hand_off_resumes_every_partitions_watermark(spark_runner, kafk
     assert sorted(tuple(c) for c in counts) == \
         sorted((k, i) for k, n in per_key.items() for i in range(1, n + 1))
     assert late_events(metrics) == 0
+
+
+# --- 8. a partition's end in a consumed batch ---------------------------------------------------
+
+def _batch(*spec: str) -> list:
+    """Consumed messages: ``"rP"`` a record of partition P, ``"eP"`` its end-of-partition event
+    (topic ``t``, or ``u`` with a ``u`` prefix: ``"ur1"``)."""
+    from confluent_kafka import KafkaError, Message
+
+    out = []
+    for s in spec:
+        topic, s = ("u", s[1:]) if s.startswith("u") else ("t", s)
+        error = KafkaError(KafkaError._PARTITION_EOF) if s[0] == "e" else None
+        out.append(Message(topic=topic, partition=int(s[1:]), value=b"{}", error=error))
+    return out
+
+
+@pytest.mark.parametrize("spec, one_topic, ends", [
+    (("r0", "e0", "r1"), True, {("t", 0)}),
+    (("e0", "r0", "e1"), True, {("t", 1)}),             # new records of 0 came after its end
+    (("e0", "r0", "r1", "e0"), True, {("t", 0)}),       # a later end of 0 follows them
+    (("e1", "r0", "r0"), True, {("t", 1)}),
+    (("e0", "ur0", "r1", "ue0"), False, {("t", 0), ("u", 0)}),
+    (("e0", "r0", "ue0"), False, {("u", 0)}),
+])
+def test_a_partitions_end_counts_only_after_its_records_in_the_batch(spec, one_topic, ends):
+    """The source picks a batch's events out by their errors alone (no Python step per
+    record); a partition is read to its end only when no record of it follows its end event
+    in the batch."""
+    from confluent_kafka import Message
+    from jetwake.connectors.kafka.source import _ends_after_records
+
+    msgs = _batch(*spec)
+    assert set(_ends_after_records(msgs, list(map(Message.error, msgs)), one_topic)) == ends

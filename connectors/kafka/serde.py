@@ -194,6 +194,8 @@ def serialize_all(serializer: Callable[[Any], bytes | None], items: list) -> lis
         return items
     fast = _FAST_SERIALIZERS.get(serializer)
     if fast is not None:
+        if None not in items:  # one C-level map; None (a tombstone) stays None
+            return list(map(fast, items))
         return [None if x is None else fast(x) for x in items]
     return list(map(serializer, items))
 

@@ -43,6 +43,13 @@ log = logging.getLogger("jetwake.kafka")
 
 CALL_TIMEOUT_S = 20.0
 SNAPSHOT_PART_RECORDS = 4096  # records per saved entry (see snapshot_parts)
+PHASE2_LINGER_MS = 100
+"""The transactional producer's ``linger.ms`` unless the properties set one. Phase 2 produces
+a whole snapshot's records at once and ``commit_transaction`` sends what lingers at once, so
+lingering delays nothing; with the at-least-once sink's 5 ms, librdkafka's broker thread
+often spun on ``poll()`` while the batches filled (on this machine up to 500,000 calls and
+0.4-0.7 us of that thread's CPU a record in a phase 2 of 368,000 records; with 100 ms a few
+thousand calls and about 0.15 us)."""
 
 
 class KafkaExactlyOnceSinkProcessor(TwoPhaseCommitSink):
@@ -74,6 +81,8 @@ class KafkaExactlyOnceSinkProcessor(TwoPhaseCommitSink):
         self.txn_id = transactional_id(context.job_id, context.vertex_name, self.index)
         self.timeout_s = opts["jetwake.startup.timeout.ms"] / 1000
         conf = self.fmt.producer_conf()
+        if not {"linger.ms", "queue.buffering.max.ms"} & set(self.fmt.properties):
+            conf["linger.ms"] = PHASE2_LINGER_MS
         conf["transaction.timeout.ms"] = check_transaction_timeout(
             conf.get("transaction.timeout.ms"), snapshot_interval_ms(context), self.fmt.where)
         self.txn_conf = dict(conf)

@@ -45,8 +45,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from itertools import groupby
-from operator import attrgetter, itemgetter
+from itertools import compress, groupby
+from operator import attrgetter, itemgetter, not_
 from typing import Any, Callable, Sequence
 
 from jetwake.engine.core.errors import JetwakeError, RestartableError
@@ -382,10 +382,14 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
         from confluent_kafka import Message
 
         ends: list = []
-        if any(map(Message.error, msgs)):
+        errors = list(map(Message.error, msgs))
+        if any(errors):
+            # the few messages that carry an error (a partition's end, a broker away) are
+            # picked out by C-level selections; only they take a Python step each
             if self.et is not None:
-                ends = _ends_after_records(msgs)
-            msgs = self._handle_errors(msgs)
+                ends = _ends_after_records(msgs, errors, len(self.topics) == 1)
+            self._handle_errors(list(compress(msgs, errors)))
+            msgs = list(compress(msgs, map(not_, errors)))
             if not msgs:
                 self._reached_ends(ends)
                 return
@@ -493,15 +497,14 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
             f"{_short(m.value())}). Pass on_error='dead_letter' with a dead_letter_topic to "
             "route such records aside instead of failing the job") from error
 
-    def _handle_errors(self, msgs: list) -> list:
+    def _handle_errors(self, errored: list) -> None:
+        """Acts on the messages of a batch that carry an error instead of a record: a
+        partition's end is no error; a fatal one restarts the job; others are logged (at
+        most every 5 s) while librdkafka retries."""
         from confluent_kafka import KafkaError
 
-        good = []
-        for m in msgs:
+        for m in errored:
             err = m.error()
-            if err is None:
-                good.append(m)
-                continue
             if err.code() == KafkaError._PARTITION_EOF:
                 continue
             if err.fatal():
@@ -513,7 +516,6 @@ class KafkaSourceProcessor(Processor, PartitionedSource):
                 self._last_error_log = now
                 log.warning("Sources.kafka() on %s: %s (retrying)",
                             self.properties.get("bootstrap.servers"), err)
-        return good
 
     def _discover(self, md: Any) -> None:
         """Starts reading the partitions that ``md`` (newer metadata) shows were added."""
@@ -650,22 +652,30 @@ class _Missing(Exception):
         self.topics = topics
 
 
-def _ends_after_records(msgs: list) -> list[tuple[str, int]]:
-    """The partitions whose end-of-partition event in ``msgs`` comes after every record of
-    theirs in it: read to their end once these records are taken."""
-    from confluent_kafka import KafkaError
+def _ends_after_records(msgs: list, errors: list, one_topic: bool) -> list[tuple[str, int]]:
+    """The partitions whose end-of-partition event in ``msgs`` (``errors``: each message's
+    error, None for a record) comes after every record of theirs in it: read to their end
+    once these records are taken. The records after the first event are found and keyed by
+    C-level maps (a dict of partition -> index keeps each partition's last record), so only
+    the events take a Python step."""
+    from confluent_kafka import KafkaError, Message
 
-    ends = []
-    delivered = set()
-    for m in reversed(msgs):
-        tp = (m.topic(), m.partition())
-        err = m.error()
-        if err is None:
-            delivered.add(tp)
-        elif err.code() == KafkaError._PARTITION_EOF and tp not in delivered:
-            ends.append(tp)
-            delivered.add(tp)  # an earlier end of the same partition says nothing more
-    return ends
+    n = len(msgs)
+    at = list(compress(range(n), errors))  # the events' indices (few)
+    first = at[0]
+    after = list(compress(range(first, n), map(not_, errors[first:])))
+    tail = list(map(msgs.__getitem__, after))
+    parts: Any = map(Message.partition, tail) if one_topic else \
+        zip(map(Message.topic, tail), map(Message.partition, tail))
+    last = dict(zip(parts, after))  # each partition's last record (after the first event)
+    ends: dict[tuple[str, int], None] = {}
+    for i in at:
+        m = msgs[i]
+        if errors[i].code() == KafkaError._PARTITION_EOF:
+            key = m.partition() if one_topic else (m.topic(), m.partition())
+            if last.get(key, -1) < i:
+                ends[(m.topic(), m.partition())] = None
+    return list(ends)
 
 
 def _short(b: Any, n: int = 60) -> str:

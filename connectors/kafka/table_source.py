@@ -120,14 +120,13 @@ class KafkaTableSourceProcessor(KafkaSourceProcessor):
         return all(tpo.offset >= self.ends[(tpo.topic, tpo.partition)][1]
                    for tpo in positions)
 
-    def _handle_errors(self, msgs: list) -> list:
+    def _handle_errors(self, errored: list) -> None:
         if not self.ready_sent:
             from confluent_kafka import KafkaError
-            for m in msgs:
-                err = m.error()
-                if err is not None and err.code() == KafkaError._PARTITION_EOF:
+            for m in errored:
+                if m.error().code() == KafkaError._PARTITION_EOF:
                     self.at_end.add((m.topic(), m.partition()))
-        return super()._handle_errors(msgs)
+        super()._handle_errors(errored)
 
     def _send_ready(self) -> None:
         if self.ready_sent or not self.started or not self._caught_up():
