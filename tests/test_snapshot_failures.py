@@ -145,3 +145,79 @@ def test_at_least_once_job_falls_back_past_a_damaged_snapshot(tmp_path):
 def test_a_job_config_flag_must_be_a_bool():
     with pytest.raises(ValueError, match="accept_at_least_once_on_fallback"):
         JobConfig(accept_at_least_once_on_fallback="yes")
+
+
+# --- a restart while a snapshot of the failed execution is still committing ---------------
+
+class FailsWhenTold(Processor):
+    """A sink that fails its execution (restartable) while ``fail`` is set."""
+
+    fail = False
+
+    def process(self, ordinal, inbox) -> None:
+        inbox.clear()
+        if FailsWhenTold.fail:
+            raise RestartableError("the execution fails now (test)")
+
+
+def test_a_restart_waits_for_the_snapshot_still_committing_and_restores_from_it(
+        tmp_path, monkeypatch, caplog):
+    # the execution fails between a snapshot's phase 1 and its commit record: the restart must
+    # not pick its restore point until that snapshot has committed, or it restores the one
+    # before while the committed one's phase 2 may already have had sinks write its output
+    import logging
+    import threading
+
+    from jetwake import ProcessorMetaSupplier, Sink
+    from support.waiting import stays_true
+
+    caplog.set_level(logging.INFO, logger="jetwake.job")
+    FailsWhenTold.fail = False
+    p = Pipeline()
+    p.read_from(counting_source(None, per_call=10, pause=0.001)).write_to(
+        Sink("fails-when-told", ProcessorMetaSupplier.of(FailsWhenTold)))
+    with Member(tmp_path) as m:
+        job = m.new_job(p, JobConfig(processing_guarantee="exactly_once",
+                                     snapshot_interval_ms=3_600_000))
+        wait_until(lambda: job.status == JobStatus.RUNNING, what="the job running")
+        first = job.take_snapshot().snapshot_id
+        store = m.snapshot_store
+        committing, release = threading.Event(), threading.Event()
+        read_while_committing: list[str] = []
+        commit_record, committed = store.commit_record, store.committed
+
+        def slow_commit_record(rec):
+            committing.set()
+            release.wait(60)
+            return commit_record(rec)
+
+        def watched_committed(job_id):
+            if committing.is_set() and not release.is_set():
+                read_while_committing.append(job_id)
+            return committed(job_id)
+        monkeypatch.setattr(store, "commit_record", slow_commit_record)
+        monkeypatch.setattr(store, "committed", watched_committed)
+        second: list = []
+
+        def take() -> None:
+            try:
+                second.append(job.take_snapshot().snapshot_id)
+            except RestartableError as e:  # committed, its phase 2 cut short by the failure
+                second.append(e)
+        taker = threading.Thread(target=take, daemon=True)
+        taker.start()
+        wait_until(committing.is_set, what="the second snapshot's phase 1 done")
+        FailsWhenTold.fail = True
+        coordinator = m.find_coordinator(job.id)
+        wait_until(lambda: coordinator.restart_count >= 1, what="the restart after the failure")
+        FailsWhenTold.fail = False
+        stays_true(lambda: not read_while_committing, seconds=1.0,
+                   what="no restore point chosen while the snapshot commits")
+        release.set()
+        taker.join(60)
+        wait_until(lambda: job.status == JobStatus.RUNNING and "restored from snapshot"
+                   in caplog.text, what="the job running again, restored")
+        restored = [r.getMessage() for r in caplog.records
+                    if "restored from snapshot" in r.getMessage()]
+        assert restored[-1].endswith(f"restored from snapshot {first + 1}"), restored
+        job.cancel()

@@ -17,14 +17,23 @@ import shutil
 from typing import Any, Callable
 
 from jetwake.engine.cluster.snapshot_data_topic import files_under
+from jetwake.engine.core.errors import RestartableError
 from jetwake.snapshot.store.snapshot_store import (
     COMMIT_FILE, CommitRecord, SnapshotDamagedError, SnapshotReader, SnapshotStore,
     write_atomically,
 )
 
-__all__ = ["ClusterSnapshotStore"]
+__all__ = ["ClusterSnapshotStore", "RecordsUnreachableError"]
 
 log = logging.getLogger("jetwake.cluster")
+
+
+class RecordsUnreachableError(RestartableError, OSError):
+    """The cluster's records, which list the committed snapshots, could not be read. Nothing
+    that depends on the newest committed snapshot may go on without them: a restore from what
+    this member alone knows could pick an older snapshot than another coordinator committed,
+    and write that snapshot's output again. Restartable: a start is tried again with back-off;
+    an OSError: a snapshot that cannot take its id is skipped and the job runs on."""
 
 
 class ClusterSnapshotStore(SnapshotStore):
@@ -112,7 +121,12 @@ class ClusterSnapshotStore(SnapshotStore):
     def prune(self, job_id: str) -> None:
         """Deletes snapshots beyond the newest ``keep``: their commit records and their data
         in the cluster, then what this member keeps of them."""
-        for rec in self.committed(job_id)[self.keep:]:
+        try:
+            older = self.committed(job_id)[self.keep:]
+        except RecordsUnreachableError as e:  # old snapshots left are only clutter
+            log.warning("pruning the snapshots of job %s: %s", job_id, e)
+            older = []
+        for rec in older:
             self._delete_snapshot(rec)
         super().prune(job_id)
 
@@ -145,10 +159,10 @@ class ClusterSnapshotStore(SnapshotStore):
     def _stored(self) -> dict[str, bytes]:
         try:
             return self.records.read_all()
-        except Exception as e:  # noqa: BLE001 - Kafka away: what this member knows
-            log.warning("reading the cluster's records failed (%r); using what this member "
-                        "keeps", e)
-            return {}
+        except Exception as e:  # noqa: BLE001 - Kafka away: nothing to decide on
+            raise RecordsUnreachableError(
+                f"the cluster's records (the committed snapshots) could not be read: {e!r}; "
+                "tried again once Kafka answers") from e
 
     def committed(self, job_id: str) -> list[CommitRecord]:
         """The job's committed snapshots, newest first: those in the cluster's records, and
@@ -175,7 +189,12 @@ class ClusterSnapshotStore(SnapshotStore):
     def delete_job_snapshots(self, job_id: str) -> None:
         """Deletes every automatic snapshot of the job, in the cluster and here (named exports
         stay); the other members drop their copies through :attr:`on_job_deleted`."""
-        for rec in self.committed(job_id):
+        try:
+            recs = self.committed(job_id)
+        except RecordsUnreachableError as e:  # what is left is only clutter
+            log.warning("deleting the snapshots of job %s: %s", job_id, e)
+            recs = super().committed(job_id)
+        for rec in recs:
             self._delete_snapshot(rec)
         super().delete_job_snapshots(job_id)
         if self.on_job_deleted is not None:

@@ -396,7 +396,14 @@ class JobCoordinator:
         self.member_changes.check_quorum(len(members))
         self.store.remove_staging(self.job_id)
         damaged: list[str] = []
-        for rec, desc in restore_candidates(self.store, self.job_id, self.config, restore):
+        # a snapshot of the execution before may still be committing (that execution ended
+        # after the snapshot's phase 1): whether it commits decides the restore point. Read
+        # before it has, the newest committed snapshot would be the one before it while its
+        # phase 2 may already have made sinks write its output, written again after a restore
+        # from the older one
+        with self.snapshots.paused():
+            candidates = restore_candidates(self.store, self.job_id, self.config, restore)
+        for rec, desc in candidates:
             self._attempt += 1
             # unique in the cluster and over time: another coordinator of the same job (after
             # a failover, or in the member's next process) counts its executions from 1 again
