@@ -243,3 +243,44 @@ def _latest_by_key(cluster) -> dict[str, bytes | None]:
         return latest
     finally:
         consumer.close()
+
+
+# --- what a restore makes of a part it cannot fetch ----------------------------------------
+
+def _store_with_part(cluster, tmp_path, refs):
+    from jetwake.engine.cluster.cluster_snapshot_store import ClusterSnapshotStore
+    from jetwake.snapshot.store.snapshot_store import CommitRecord
+
+    data_topic = cluster()
+    store = ClusterSnapshotStore(str(tmp_path / "member-2"), data_topic, records=None)
+    rec = CommitRecord("j1", "job", 3, 0.0, 1.0, data_refs={"member-1": refs})
+    return store, data_topic, rec
+
+
+def test_a_part_whose_data_differs_from_its_ref_makes_the_snapshot_damaged(cluster, uploaded,
+                                                                          tmp_path):
+    from jetwake.snapshot.store.snapshot_store import SnapshotDamagedError
+
+    refs, _prefix = uploaded
+    rel = "jobs/j1/snapshots/3/count/0.bin"
+    store, _topic, rec = _store_with_part(
+        cluster, tmp_path, {rel: [*refs[rel][:4], (refs[rel][4] + 1) % 2**32]})
+    with pytest.raises(SnapshotDamagedError, match="the part of member member-1"):
+        store.fetch_parts(rec)
+
+
+def test_a_part_kafka_cannot_give_now_is_tried_again_not_taken_for_damage(cluster, uploaded,
+                                                                         tmp_path):
+    # taken for damage, an exactly-once job would fall back past the snapshot (or be
+    # suspended) for a broker that comes back in seconds
+    from jetwake.engine.cluster.cluster_snapshot_store import RecordsUnreachableError
+    from jetwake.engine.core.errors import RestartableError
+    from jetwake.snapshot.store.snapshot_store import SnapshotDamagedError
+
+    refs, _prefix = uploaded
+    store, data_topic, rec = _store_with_part(cluster, tmp_path, refs)
+    data_topic.close()  # its clients are gone: the download fails before reading a record
+    with pytest.raises(RecordsUnreachableError, match="tried again once Kafka answers") as e:
+        store.fetch_parts(rec)
+    assert isinstance(e.value, RestartableError)
+    assert not isinstance(e.value, SnapshotDamagedError)

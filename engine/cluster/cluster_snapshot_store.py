@@ -16,7 +16,7 @@ import os
 import shutil
 from typing import Any, Callable
 
-from jetwake.engine.cluster.snapshot_data_topic import files_under
+from jetwake.engine.cluster.snapshot_data_topic import SnapshotDataMissingError, files_under
 from jetwake.engine.core.errors import RestartableError
 from jetwake.snapshot.store.snapshot_store import (
     COMMIT_FILE, CommitRecord, SnapshotDamagedError, SnapshotReader, SnapshotStore,
@@ -62,10 +62,17 @@ class ClusterSnapshotStore(SnapshotStore):
                 continue
             try:
                 self.data_topic.download(missing, directory)
-            except Exception as e:  # noqa: BLE001 - a part that cannot be read: damaged
+            except SnapshotDataMissingError as e:  # its data is gone or differs: damaged
                 raise SnapshotDamagedError(
                     f"snapshot {rec.snapshot_id} of job {rec.job_name}: the part of member "
                     f"{member} cannot be fetched ({e})") from e
+            except Exception as e:  # noqa: BLE001 - Kafka not answering now: not damage
+                # (a fallback past a snapshot taken for damaged could write output twice, or
+                # suspend an exactly-once job for a broker that comes back in seconds)
+                raise RecordsUnreachableError(
+                    f"snapshot {rec.snapshot_id} of job {rec.job_name}: the part of member "
+                    f"{member} could not be fetched from Kafka now ({e!r}); tried again once "
+                    "Kafka answers") from e
 
     def reader(self, rec: CommitRecord) -> SnapshotReader:
         if rec.data_refs:
