@@ -189,10 +189,11 @@ def test_cluster_never_shows_a_null_coordinator_or_an_active_member_without_addr
     answers: list[dict] = []
     group = _GroupWatch(kafka_bootstrap, f"jetwake-{cluster_members.name}")
     with Client(first.address, token=TOKEN) as c, group:
-        cluster_members(1)  # the group rebalances while it joins
+        second, = cluster_members(1)  # the group rebalances while it joins
         wait_until(lambda: answers.append(c.cluster()) or sum(
             m["state"] == "ACTIVE" for m in answers[-1]["members"]) == 2,
-            timeout=90, interval=0.05, what=lambda: f"two members serving: {answers[-1:]}")
+            timeout=90, interval=0.05, what=lambda: f"two members serving: {answers[-1:]}; "
+            f"the second member's log:\n{second.log()}")
     # Kafka's group had no coordinator for a while, and the cluster was asked meanwhile
     assert group.without_coordinator > 0 and len(answers) > 1
     for info in answers:

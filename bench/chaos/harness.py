@@ -138,7 +138,9 @@ class Member:
         cmd = [*prefix, sys.executable, "-m", "jetwake.engine.server.cli", "member", "start",
                "--cluster", self.run.name, "--kafka", self.run.bootstrap,
                "--data-dir", str(self.data_dir), "--host", self.host, "--port", str(self.port),
-               "--token", TOKEN, "--log-level", "WARNING", *self.run.member_args]
+               # INFO: a failed run's logs show every restore and snapshot (which snapshot a
+               # restart took is what an exactly-once failure turns on)
+               "--token", TOKEN, "--log-level", "INFO", *self.run.member_args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("JETWAKE_")}
         with open(log, "w") as out:
             self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
