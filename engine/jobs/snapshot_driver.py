@@ -85,10 +85,16 @@ class SnapshotDriver:
         self._terminal_of: ExecutionDriver | None = None
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """No snapshot runs while this is held (one in progress finishes first)."""
-        with self._lock:
+    def paused(self, timeout: float = 2 * PHASE_TIMEOUT_S + 30) -> Iterator[None]:
+        """No snapshot runs while this is held (one in progress finishes first, waited for up
+        to ``timeout``: beyond both its phases' bounds, RestartableError)."""
+        if not self._lock.acquire(timeout=timeout):
+            raise RestartableError(f"job '{self.owner.name}': a snapshot was still being taken "
+                                   f"after {timeout:.0f} s; tried again with back-off")
+        try:
             yield
+        finally:
+            self._lock.release()
 
     def start_regular(self, execution: ExecutionDriver, interval_s: float) -> threading.Thread:
         """Starts the thread that serves the request queue while ``execution`` runs and takes
