@@ -151,6 +151,32 @@ def test_member_start_prints_exactly_one_line_once_the_member_serves(cluster_mem
 
 
 @pytest.mark.kafka
+def test_a_member_whose_client_port_is_taken_exits_before_it_joins_its_cluster(
+        cluster_members):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        member, = cluster_members(1, "--port", str(port))  # the last --port counts
+        assert member.proc.wait(60) == 1, member.log()
+    log = member.log()
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in log
+    # refused before the member opened its peer port: no other member ever saw it
+    assert "listens for peers" not in log and "joined cluster" not in log, log
+    assert member.lines == []
+
+
+def test_a_member_given_a_port_in_use_fails_before_it_takes_its_data_directory(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError, match="in use"):
+            Member(str(tmp_path / "d"), port=taken.getsockname()[1], token=TOKEN)
+    again = Member(str(tmp_path / "d"), port=0, token=TOKEN)  # nothing was left locked
+    again.shutdown()
+
+
+@pytest.mark.kafka
 def test_cluster_wait_returns_once_n_members_serve_retrying_a_member_still_starting(
         cluster_members):
     first, second = cluster_members(2)

@@ -350,7 +350,11 @@ class Producer(threading.Thread):
 
 
 class Output(threading.Thread):
-    """A ``read_committed`` reader of the output topic: its records and when each arrived."""
+    """A ``read_committed`` reader of the output topic: its records and when each arrived.
+
+    It reads every partition from the start without a consumer group (see
+    :func:`assign_from_start`): with one, stopping every broker for longer than the group's
+    session timeout made it read the output again, as if the job had written it twice."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         super().__init__(daemon=True)
@@ -359,7 +363,7 @@ class Output(threading.Thread):
                                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
                                   "isolation.level": "read_committed",
                                   "fetch.wait.max.ms": 50, "log_level": 0})
-        self.consumer.subscribe([topic])
+        assign_from_start(self.consumer, topic)
         self.records: list[tuple[str, Any]] = []
         self.arrivals: list[float] = []  # monotonic time of each record's arrival
         self.stop = threading.Event()
@@ -403,6 +407,28 @@ class Output(threading.Thread):
         self.stop.set()
         if self.is_alive():
             self.join(30)
+
+
+def assign_from_start(consumer: Any, topic: str, timeout: float = 30.0) -> None:
+    """Assigns ``consumer`` every partition of ``topic`` from its first offset, once the
+    brokers' metadata shows the topic (one just created may take a moment to appear).
+
+    A checker reads this way rather than in a consumer group: a group member that hears
+    nothing from Kafka for its session timeout loses its partitions and, without committed
+    offsets, reads them again from the start when it rejoins."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    deadline = time.monotonic() + timeout
+    while True:
+        found = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if found is not None and found.error is None and found.partitions:
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
+                             for p in sorted(found.partitions)])
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the topic {topic!r} has no partitions after {timeout:.0f} s: "
+                               "create it before reading it")
+        time.sleep(0.2)  # the poll interval of this wait
 
 
 @dataclass

@@ -41,6 +41,8 @@ from jetwake.engine.jobs.job_records import JobRecords
 from jetwake.engine.jobs.job_service import JobService, new_job_id
 from jetwake.engine.jobs.member_place import LIGHT_PREFIX, Alone, MemberPlace, light_job_owner
 from jetwake.engine.jobs.upgrade_plan import UpgradePlan
+from jetwake.engine.server.authentication import check_listen_address
+from jetwake.engine.server.listen_socket import bind_socket
 from jetwake.engine.server.member_service import MemberService
 from jetwake.engine.server.snapshot_inspection import SAMPLE_KEYS, find_snapshot, inspect_snapshot
 from jetwake.snapshot.store.snapshot_store import CommitRecord, SnapshotStore
@@ -115,6 +117,8 @@ class Member:
         lp = local_parallelism if local_parallelism is not None else 1
         if not isinstance(lp, int) or lp < 1:
             raise ValueError(f"local_parallelism must be a positive int, got {lp!r}")
+        if port is not None:
+            check_listen_address(host, token)
         place: MemberPlace
         if cluster is None:
             if kafka_bootstrap_servers is not None or internal_topic_replication is not None:
@@ -148,6 +152,9 @@ class Member:
         #: handles a client request forwarded by another member: (frame, client) -> reply
         self.forwarded_request_handler: Callable[[bytes, str], bytes] | None = None
         self.participant: ExecutionParticipant
+        # the client port first, as ``jetwake member start`` does (see listen_socket): taken,
+        # it fails the start before the member's peer port is chosen and its cluster joined
+        bound = bind_socket(host, port) if port is not None else None
         try:
             if self.data_dir is not None:
                 os.makedirs(self.data_dir, exist_ok=True)
@@ -164,12 +171,14 @@ class Member:
             if self.data_dir is not None and place.recovers_jobs_at_start:
                 self.recover_jobs()
         except BaseException:
+            if bound is not None:
+                bound.close()
             self._abandon_start()
             raise
         if port is None:
             return
         try:
-            self.service = MemberService(self, host, port, token)
+            self.service = MemberService(self, host, port, token, bound=bound)
             # listening already: serving (no longer JOINING) before a client can ask
             self.place.client_address = advertise or self.service.address_text
             self.service.start()

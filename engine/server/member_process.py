@@ -21,6 +21,7 @@ from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.server.authentication import (
     HELLO_TIMEOUT_S, MAX_UNAUTHENTICATED, InsecureAddressError, check_listen_address,
 )
+from jetwake.engine.server.listen_socket import bind_socket
 from jetwake.engine.server.member_service import MemberService
 from jetwake.engine.server.protocol import DEFAULT_PORT, version
 
@@ -107,6 +108,20 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
 
     where = data_dir or "memory only: jobs and state are lost at exit"
     log.info("jetwake %s member starting (pid %d, data: %s)", version(), os.getpid(), where)
+    # the fixed ports first, before the member's peer listener takes a port of the kernel's
+    # choosing (see listen_socket), and before a cluster sees this member join
+    try:
+        client_socket = bind_socket(host, port)
+    except OSError as e:
+        log.error("cannot listen on %s:%s: %s", host, port, e.strerror or e)
+        return 1
+    try:
+        metrics_socket = bind_socket(host, metrics_port) if metrics_port is not None else None
+    except OSError as e:
+        client_socket.close()
+        log.error("cannot serve metrics on %s:%s: %s", host, metrics_port, e.strerror or e)
+        return 1
+    bound = [s for s in (client_socket, metrics_socket) if s is not None]
     try:
         member = Member(data_dir, cooperative_threads=cooperative_threads,
                         local_parallelism=local_parallelism, cluster=cluster,
@@ -118,22 +133,30 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
                                            internal_topic_replication=internal_topic_replication,
                                            fast_failover=fast_failover))
     except (OSError, ValueError, JetwakeError) as e:
+        for sock in bound:
+            sock.close()
         if str(e):
             log.error("cannot start the member: %s", e)
         else:  # a bare TimeoutError says nothing by itself: where it came from does
             log.exception("cannot start the member: %s", type(e).__name__)
         return 1
     except Exception as e:  # noqa: BLE001 - e.g. an unreadable job record in the data dir
+        for sock in bound:
+            sock.close()
         log.exception("cannot start the member: %s", e)
         return 1
     try:
         service = MemberService(member, host, port, token, hello_timeout=hello_timeout,
-                                max_unauthenticated=max_unauthenticated)
+                                max_unauthenticated=max_unauthenticated, bound=client_socket)
     except ValueError as e:
+        for sock in bound:
+            sock.close()
         log.error("cannot start the member: %s", e)
         member.shutdown(graceful=False)
         return 2
     except OSError as e:
+        for sock in bound:
+            sock.close()
         log.error("cannot listen on %s:%s: %s", host, port, e.strerror or e)
         member.shutdown(graceful=False)
         return 1
@@ -144,8 +167,11 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
                                     healthy=lambda: service.serving,
                                     info=lambda: {"address": service.address_text,
                                                   "version": version()},
-                                    service=service, ui_auth=ui_auth).start()
+                                    service=service, ui_auth=ui_auth,
+                                    bound=metrics_socket).start()
         except (OSError, ValueError) as e:
+            if metrics_socket is not None:
+                metrics_socket.close()
             log.error("cannot serve metrics on %s:%s: %s", host, metrics_port,
                       getattr(e, "strerror", None) or e)
             service.server.server_close()

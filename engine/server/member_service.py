@@ -25,6 +25,7 @@ from jetwake.engine.server.authentication import (
 )
 from jetwake.engine.net.framing import ProtocolError, read_frame, write_frame
 from jetwake.engine.server.job_events import JobEvents
+from jetwake.engine.server.listen_socket import serve_on
 from jetwake.engine.server.protocol import DEFAULT_PORT, PROTOCOL_VERSION, version
 from jetwake.engine.server.request_handlers import RequestHandlers
 
@@ -45,8 +46,11 @@ class MemberService:
 
     def __init__(self, member: "Member", host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  token: str | None = None, *, hello_timeout: float = HELLO_TIMEOUT_S,
-                 max_unauthenticated: int = MAX_UNAUTHENTICATED) -> None:
+                 max_unauthenticated: int = MAX_UNAUTHENTICATED,
+                 bound: socket.socket | None = None) -> None:
         """Binds ``host:port`` (port 0: any free port) and listens; :meth:`start` serves.
+        ``bound``: a socket already bound to that address
+        (:func:`~jetwake.engine.server.listen_socket.bind_socket`) to listen on instead.
 
         ``hello_timeout``: seconds a new connection has to deliver its whole hello.
         ``max_unauthenticated``: connections that may wait for their hello at once; the member
@@ -101,7 +105,9 @@ class MemberService:
                     service._gate.release()
                     raise
 
-        self.server = Server((host, port), Handler)
+        self.server = Server((host, port), Handler, bind_and_activate=bound is None)
+        if bound is not None:
+            serve_on(self.server, bound)
         # (host, port): the hints allow a bytes host, a bound socket has a str one
         self.address = cast(tuple[str, int], self.server.server_address[:2])
         self._thread: threading.Thread | None = None

@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,6 +65,7 @@ from jetwake.engine.execution.execution_metrics import (
 )
 from jetwake.engine.jobs.job_status import JobStatus
 from jetwake.engine.server.dashboard.routes import Dashboard
+from jetwake.engine.server.listen_socket import serve_on
 
 if TYPE_CHECKING:  # pragma: no cover
     from jetwake.engine.server.member import Member
@@ -271,7 +273,8 @@ class MetricsServer:
     def __init__(self, member: "Member", host: str, port: int,
                  healthy: Callable[[], bool] = lambda: True,
                  info: Callable[[], dict] = dict, *, service: Any = None,
-                 ui_auth: str = "open", token: str | None = None) -> None:
+                 ui_auth: str = "open", token: str | None = None,
+                 bound: socket.socket | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(JetwakeCollector(member))
         registry, is_healthy, get_info = self.registry, healthy, info
@@ -328,7 +331,11 @@ class MetricsServer:
             def log_message(self, fmt: str, *args) -> None:  # quiet
                 log.debug("metrics http: " + fmt, *args)
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd = ThreadingHTTPServer((host, port), Handler,
+                                         bind_and_activate=bound is None)
+        if bound is not None:  # a socket bound already (see listen_socket)
+            serve_on(self.httpd, bound)
+            self.httpd.server_name, self.httpd.server_port = host, bound.getsockname()[1]
         self.httpd.daemon_threads = True
         # (host, port): the hints allow a bytes host, a bound socket has a str one
         self.address = cast(tuple[str, int], self.httpd.server_address[:2])

@@ -97,9 +97,8 @@ class KafkaEnv:
         """One idempotent producer for every run (it keeps each partition's order; starting
         one costs half a second)."""
         if self._producer is None:
-            from confluent_kafka import Producer
-            self._producer = Producer({"bootstrap.servers": self.bootstrap,
-                                       "enable.idempotence": True, "linger.ms": 5})
+            from support.ordered_producer import ordered_producer
+            self._producer = ordered_producer(self.bootstrap, {"linger.ms": 5})
         return self._producer
 
 

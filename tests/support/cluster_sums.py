@@ -12,6 +12,8 @@ from pathlib import Path
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench.chaos.harness import assign_from_start
+
 from support.cluster_processes import ClusterProcesses
 from support.ordered_producer import ordered_producer
 from support.waiting import wait_until
@@ -68,7 +70,7 @@ class Output:
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
                                   "auto.offset.reset": "earliest",
                                   "isolation.level": "read_committed"})
-        self.consumer.subscribe([topic])
+        assign_from_start(self.consumer, topic)
         self.records: list[tuple[str, int]] = []
 
     def has(self, count: int) -> bool:

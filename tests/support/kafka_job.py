@@ -14,8 +14,9 @@ import time
 import uuid
 from collections import Counter, defaultdict
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 
+from support.ordered_producer import ordered_producer
 from support.waiting import wait_until
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kafka_job_process.py")
@@ -24,7 +25,7 @@ KEYS = 40
 
 def produce(bootstrap: str, topic: str, start: int, count: int) -> None:
     """Records ``start`` up to ``start + count``: key ``k{i % KEYS}``, value i."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    p = ordered_producer(bootstrap, {"linger.ms": 5})
     for i in range(start, start + count):
         p.produce(topic, key=f"k{i % KEYS}".encode(), value=str(i).encode())
         if i % 5000 == 0:
@@ -36,8 +37,7 @@ def produce_slowly(bootstrap: str, topic: str, count: int, seconds: float) -> th
     """Produces ``count`` records evenly over ``seconds`` in a thread (input keeps arriving
     while the member is killed and restarted)."""
     def run() -> None:
-        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
-                      "enable.idempotence": True})
+        p = ordered_producer(bootstrap, {"linger.ms": 5})
         step = max(1, count // 100)
         start = time.monotonic()
         for i in range(count):

@@ -4,9 +4,8 @@ streaming job."""
 
 from __future__ import annotations
 
-from confluent_kafka import Producer
-
 from jetwake import AggregateOperations as ops, Pipeline, Sinks, Sources, WindowDefinition
+from support.ordered_producer import ordered_producer
 
 KEYS = 50
 BASE = 1_700_000_000_000
@@ -15,7 +14,7 @@ WINDOW = 1_000
 
 def produce(bootstrap: str, topic: str, n: int) -> None:
     """Record i: key ``k{i % KEYS}``, value i, time BASE + i, in partition i % 2."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    p = ordered_producer(bootstrap, {"linger.ms": 20})
     for i in range(n):
         while True:
             try:
