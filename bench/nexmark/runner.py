@@ -232,6 +232,8 @@ def run_query(q: Query, inp: KafkaInput, target: Target, guarantee: str,
                 time.sleep(0.005)
         run.startup_s = t_first - t_submit
         t_sources_done = None
+        cpu_done: float | None = None
+        bcpu_done: float | None = None
         last_growth = time.monotonic()
         snaps: dict[int, Any] = {}
         # each poll is a call the member answers (its CPU counts): the sources' progress
@@ -253,8 +255,11 @@ def run_query(q: Query, inp: KafkaInput, target: Target, guarantee: str,
                 if rec is not None:
                     snaps[rec.snapshot_id] = rec
             if want is not None and len(reader.values) >= want and t_sources_done is not None:
-                # the count is there: a moment more for records beyond it (duplicates, wrong
-                # ones), which the check then reports
+                # the count is there: the members' CPU now (what follows is idle time, not
+                # work for these events), then a moment more for records beyond it
+                # (duplicates, wrong ones), which the check then reports
+                cpu_done = cpu_of(pids)
+                bcpu_done = process_cpu(broker_pid) if broker_pid else None
                 grace = time.monotonic() + EXTRA_WAIT_S
                 while time.monotonic() < grace:
                     reader.read()
@@ -281,8 +286,11 @@ def run_query(q: Query, inp: KafkaInput, target: Target, guarantee: str,
         # of the input for them
         if q.exact and t_last_out > t_sources_done:
             t_end = t_last_out
-            cpu_end = cpu_of(pids)  # read now: the best bound while output is still written
-            bcpu_end = process_cpu(broker_pid) if broker_pid else None
+            if cpu_done is not None:  # read when the last expected output arrived
+                cpu_end, bcpu_end = cpu_done, bcpu_done
+            else:  # read now: the best bound while output may still be written
+                cpu_end = cpu_of(pids)
+                bcpu_end = process_cpu(broker_pid) if broker_pid else None
         else:
             t_end, cpu_end, bcpu_end = t_sources_done, cpu_sources, bcpu_sources
         run.seconds = t_end - t_first
