@@ -100,11 +100,13 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def brokers(kafka_three_brokers):
+def brokers(kafka_three_brokers, tmp_path_factory):
     b = Brokers(kafka_three_brokers.bootstrap)
     try:
         yield b
     finally:
+        # kept for a failure's post-mortem: the brokers' run directory goes when they stop
+        b.save_logs(tmp_path_factory.mktemp("broker-fault-logs"))
         b.heal()
 
 
@@ -119,7 +121,8 @@ def run(tmp_path_factory, kafka_three_brokers, brokers):
 
 @pytest.fixture
 def healed(run):
-    """Whatever a test did to the brokers, they all run again after it."""
+    """Every broker runs and is in sync before a test, and again after it, whatever it did."""
+    run.brokers.heal()
     yield run
     run.brokers.heal()
 
@@ -132,8 +135,8 @@ def test_the_job_goes_on_exactly_once_when_the_leader_of_its_topics_is_killed(he
     since = time.monotonic()
     run.brokers.kill(node)
     wait_until(lambda: all(run.brokers.leader(t, p) not in (node, -1) for t, p in led),
-               what=f"the partitions broker {node} led to have other leaders", timeout=60,
-               interval=0.2)
+               what=lambda: f"the partitions broker {node} led to have other leaders"
+               f"{run.brokers.stopped_nodes()}", timeout=60, interval=0.2)
     run.brokers.restart(node)
     run.assert_caught_up_exactly_once("partition leader killed", since)
 
@@ -145,8 +148,8 @@ def test_the_job_goes_on_exactly_once_when_the_active_controller_is_killed(heale
     run.brokers.kill(node)
     wait_until(lambda: run.brokers.controller()[1] > epoch,
                what=lambda: f"another active controller than {node} at epoch {epoch} (now "
-               f"{run.brokers.controller()}; running: {run.brokers.running()})",
-               timeout=60, interval=0.2)
+               f"{run.brokers.controller()}; running: {run.brokers.running()})"
+               f"{run.brokers.stopped_nodes()}", timeout=60, interval=0.2)
     assert run.brokers.controller()[0] != node
     run.brokers.restart(node)
     run.assert_caught_up_exactly_once("active controller killed", since)
@@ -162,8 +165,8 @@ def test_the_job_goes_on_exactly_once_when_its_transaction_coordinator_is_killed
     wait_until(lambda: all(run.brokers.transaction_coordinator(t) not in (node, -1)
                            for t, c in zip(run.transactional_ids(), coordinators)
                            if c == node),
-               what=f"another transaction coordinator than broker {node}", timeout=60,
-               interval=0.2)
+               what=lambda: f"another transaction coordinator than broker {node}"
+               f"{run.brokers.stopped_nodes()}", timeout=60, interval=0.2)
     run.brokers.restart(node)
     run.assert_caught_up_exactly_once("transaction coordinator killed", since)
 
