@@ -152,10 +152,12 @@ class Member:
         #: handles a client request forwarded by another member: (frame, client) -> reply
         self.forwarded_request_handler: Callable[[bytes, str], bytes] | None = None
         self.participant: ExecutionParticipant
-        # the client port first, as ``jetwake member start`` does (see listen_socket): taken,
-        # it fails the start before the member's peer port is chosen and its cluster joined
-        bound = bind_socket(host, port) if port is not None else None
+        bound = None
         try:
+            # the client port first, as ``jetwake member start`` does (see listen_socket):
+            # taken, it fails the start before the peer port is chosen and the cluster joined
+            if port is not None:
+                bound = bind_socket(host, port)
             if self.data_dir is not None:
                 os.makedirs(self.data_dir, exist_ok=True)
                 # first of all: nothing in the directory is touched before it is ours

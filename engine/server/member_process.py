@@ -121,7 +121,12 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
         client_socket.close()
         log.error("cannot serve metrics on %s:%s: %s", host, metrics_port, e.strerror or e)
         return 1
-    bound = [s for s in (client_socket, metrics_socket) if s is not None]
+
+    def release_ports() -> None:  # a start that fails lets go of the ports it bound
+        for sock in (client_socket, metrics_socket):
+            if sock is not None:
+                sock.close()
+
     try:
         member = Member(data_dir, cooperative_threads=cooperative_threads,
                         local_parallelism=local_parallelism, cluster=cluster,
@@ -133,30 +138,26 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
                                            internal_topic_replication=internal_topic_replication,
                                            fast_failover=fast_failover))
     except (OSError, ValueError, JetwakeError) as e:
-        for sock in bound:
-            sock.close()
+        release_ports()
         if str(e):
             log.error("cannot start the member: %s", e)
         else:  # a bare TimeoutError says nothing by itself: where it came from does
             log.exception("cannot start the member: %s", type(e).__name__)
         return 1
     except Exception as e:  # noqa: BLE001 - e.g. an unreadable job record in the data dir
-        for sock in bound:
-            sock.close()
+        release_ports()
         log.exception("cannot start the member: %s", e)
         return 1
     try:
         service = MemberService(member, host, port, token, hello_timeout=hello_timeout,
                                 max_unauthenticated=max_unauthenticated, bound=client_socket)
     except ValueError as e:
-        for sock in bound:
-            sock.close()
+        release_ports()
         log.error("cannot start the member: %s", e)
         member.shutdown(graceful=False)
         return 2
     except OSError as e:
-        for sock in bound:
-            sock.close()
+        release_ports()
         log.error("cannot listen on %s:%s: %s", host, port, e.strerror or e)
         member.shutdown(graceful=False)
         return 1
@@ -170,8 +171,7 @@ def serve(*, data_dir: str | None = None, host: str = "127.0.0.1", port: int = D
                                     service=service, ui_auth=ui_auth,
                                     bound=metrics_socket).start()
         except (OSError, ValueError) as e:
-            if metrics_socket is not None:
-                metrics_socket.close()
+            release_ports()
             log.error("cannot serve metrics on %s:%s: %s", host, metrics_port,
                       getattr(e, "strerror", None) or e)
             service.server.server_close()
