@@ -183,11 +183,7 @@ class Brokers:
 
     def _start_stopped(self) -> None:
         """Starts every node whose process is gone, all at once (a node alone has no
-        controller quorum). Again whenever one exits while starting: the brokers listen on
-        ports of the kernel's ephemeral range, and a client that keeps connecting to a dead
-        broker's port may be given that same port as its own source port (a TCP
-        self-connection), so the restarted broker fails to bind it and exits; a moment later
-        the port is free again."""
+        controller quorum), and again whenever one exits while starting."""
         for node in self.nodes:
             if node not in self.paused and self.pid(node) is None:
                 self.kl.restart_node(self.port, node)

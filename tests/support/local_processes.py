@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -63,6 +64,39 @@ def free_port(count: int = 1, avoid: set[int] | None = None,
         if base + count < 65536 and not (avoid & set(span)) and all(can_bind(p) for p in span):
             return base
     raise error(f"could not find {count} consecutive free loopback port(s)")
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for the source end of outgoing connections (and bind to
+    port 0)."""
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def server_port(count: int = 1, avoid: set[int] | None = None,
+                error: type[Exception] = RuntimeError) -> int:
+    """A loopback port P below the kernel's ephemeral range such that P .. P+count-1 are all
+    free now: for a server that is stopped and started again on its port.
+
+    A port of the ephemeral range can be taken, while its server is down, by a client that
+    keeps connecting to it: the kernel may give the client that very port as its source port,
+    and the connection then connects to itself (a TCP simultaneous open) and holds the port.
+    A broker started again then failed to bind its listener, seconds after it had joined its
+    cluster. No client's source port lies below the range."""
+    avoid = avoid or set()
+    low, top = 10_000, ephemeral_range()[0] - count
+    if top <= low:  # a machine whose ephemeral range starts low: no such port to pick
+        return free_port(count, avoid, error)
+    rng = random.SystemRandom()
+    for _ in range(500):
+        base = rng.randrange(low, top)
+        span = range(base, base + count)
+        if not (avoid & set(span)) and all(can_bind(p) for p in span):
+            return base
+    raise error(f"could not find {count} consecutive free loopback port(s) in {low}..{top}")
 
 
 def pid_alive(pid: int, marker: bytes, permission_means_alive: bool = False) -> bool:

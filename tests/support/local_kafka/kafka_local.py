@@ -107,8 +107,10 @@ _can_bind = _lp.can_bind
 
 
 def free_port(count: int = 1, avoid: set[int] | None = None) -> int:
-    """A loopback port P such that P .. P+count-1 are all currently free."""
-    return _lp.free_port(count, avoid, error=KafkaLocalError)
+    """A loopback port P such that P .. P+count-1 are all currently free, below the kernel's
+    ephemeral range: a node started again on its port must find it free (see
+    local_processes.server_port)."""
+    return _lp.server_port(count, avoid, error=KafkaLocalError)
 
 
 # --------------------------------------------------------------------------------------------
