@@ -166,7 +166,7 @@ def test_a_member_whose_client_port_is_taken_exits_before_it_joins_its_cluster(
     assert member.lines == []
 
 
-def test_a_member_given_a_port_in_use_fails_before_it_takes_its_data_directory(tmp_path):
+def test_a_member_given_a_port_in_use_fails_and_leaves_its_data_directory_free(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -85,11 +85,9 @@ class Brokers:
         """``(node id, epoch)`` of the active KRaft controller: the newest "Becoming the active
         controller" line of the nodes' logs. (In KRaft a broker's metadata names any live broker
         as the controller, and the client has no DescribeQuorum call.)"""
-        rdir = self.kl.run_dir(self.port)
         best = (-1, -1)
         for node in self.nodes:
-            log = Path(rdir / f"broker-{node}.log")
-            for m in _ACTIVE.finditer(log.read_text(errors="replace")):
+            for m in _ACTIVE.finditer(self.log_path(node).read_text(errors="replace")):
                 if int(m.group(2)) > best[1]:
                     best = (int(m.group(1)), int(m.group(2)))
         return best
@@ -105,15 +103,18 @@ class Brokers:
         """The nodes whose process runs."""
         return [n for n in self.nodes if self.pid(n) is not None]
 
+    def log_path(self, node: int) -> Path:
+        """Node ``node``'s log in kafka_local's run directory (gone when the brokers stop)."""
+        return Path(self.kl.run_dir(self.port)) / f"broker-{node}.log"
+
     def stopped_nodes(self) -> str:
         """For a failure message: every node not running (the one a test killed among them),
         with the last lines of its log (why it exited), or "" when every node runs."""
-        rdir = self.kl.run_dir(self.port)
         out = []
         for node in self.nodes:
             if self.pid(node) is None:
                 try:
-                    tail = Path(rdir / f"broker-{node}.log").read_text(
+                    tail = self.log_path(node).read_text(
                         errors="replace").splitlines()[-12:]
                 except OSError as e:
                     tail = [f"(no log: {e})"]
@@ -123,12 +124,10 @@ class Brokers:
 
     def save_logs(self, dest: Path) -> None:
         """Copies the nodes' logs to ``dest`` (the run directory goes when the brokers stop)."""
-        rdir = self.kl.run_dir(self.port)
         dest.mkdir(parents=True, exist_ok=True)
         for node in self.nodes:
             try:
-                (dest / f"broker-{node}.log").write_bytes(
-                    Path(rdir / f"broker-{node}.log").read_bytes())
+                (dest / f"broker-{node}.log").write_bytes(self.log_path(node).read_bytes())
             except OSError:
                 pass
 

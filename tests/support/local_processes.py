@@ -55,11 +55,20 @@ def free_port(count: int = 1, avoid: set[int] | None = None,
               error: type[Exception] = RuntimeError) -> int:
     """A loopback port P such that P .. P+count-1 are all currently free (and not in `avoid`);
     raises `error` when 200 tries find none."""
-    avoid = avoid or set()
-    for _ in range(200):
+    def kernel_choice() -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((HOST, 0))
-            base = s.getsockname()[1]
+            return s.getsockname()[1]
+    return _free_span(kernel_choice, count, avoid, 200, error)
+
+
+def _free_span(pick: Callable[[], int], count: int, avoid: set[int] | None, tries: int,
+               error: type[Exception]) -> int:
+    """The first base ``pick()`` offers whose ``count`` ports are all free and not in
+    ``avoid``."""
+    avoid = avoid or set()
+    for _ in range(tries):
+        base = pick()
         span = range(base, base + count)
         if base + count < 65536 and not (avoid & set(span)) and all(can_bind(p) for p in span):
             return base
@@ -86,17 +95,11 @@ def server_port(count: int = 1, avoid: set[int] | None = None,
     and the connection then connects to itself (a TCP simultaneous open) and holds the port.
     A broker started again then failed to bind its listener, seconds after it had joined its
     cluster. No client's source port lies below the range."""
-    avoid = avoid or set()
     low, top = 10_000, ephemeral_range()[0] - count
     if top <= low:  # a machine whose ephemeral range starts low: no such port to pick
         return free_port(count, avoid, error)
     rng = random.SystemRandom()
-    for _ in range(500):
-        base = rng.randrange(low, top)
-        span = range(base, base + count)
-        if not (avoid & set(span)) and all(can_bind(p) for p in span):
-            return base
-    raise error(f"could not find {count} consecutive free loopback port(s) in {low}..{top}")
+    return _free_span(lambda: rng.randrange(low, top), count, avoid, 500, error)
 
 
 def pid_alive(pid: int, marker: bytes, permission_means_alive: bool = False) -> bool:
